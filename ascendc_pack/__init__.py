@@ -1,0 +1,20 @@
+"""ascendc-pack: tune a PyTorch model's fused kernels on real inputs and ship them as one file.
+
+The pipeline (DESIGN 2): load model.py -> capture (torch.export) -> fuse -> tile -> compile ->
+tune (PGO) -> render C++ graph -> bundle. This package is the compiler side; the runtime that
+loads bundles is the separate package ``ascendc_pack_runtime``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .capture import Captured, capture  # noqa: E402
+from .errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402
+from .loader import LoadedModel, load_model_file  # noqa: E402
+from .program import ModelProgram, Program  # noqa: E402
+
+__all__ = [
+    "__version__", "capture", "Captured", "load_model_file", "LoadedModel", "ModelProgram",
+    "Program", "PackError", "ModelFileError", "ConfigError", "CaptureError", "CompileError",
+]

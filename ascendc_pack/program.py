@@ -1,0 +1,393 @@
+"""Program IR: the model as an ordered list of steps, serializable to JSON and back.
+
+A :class:`Program` is what every stage after capture works on:
+
+* :class:`AtenStep` - one ATen (or prims) operator call, run by torch;
+* :class:`FusedStep` - a fused kernel; ``steps`` holds the ATen steps it replaces, so the
+  reference executor can always run it through torch, and ``kernel`` holds what the kernel
+  generator needs (filled by the fuser);
+* :class:`CondStep` - ``torch.cond`` with a sub-program per branch.
+
+Values are named; ``Program.values`` gives every value's :class:`TensorSpec`. Arguments are
+plain JSON-friendly data with :class:`Ref` for tensor values (see :func:`encode_arg`).
+:class:`ModelProgram` adds what the model's signature needs: which program inputs are weights
+and which are user inputs, which user inputs the model mutates, and the output structure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+FORMAT_VERSION = 1
+
+_DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
+    "complex64": torch.complex64,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32"`` -> ``torch.float32``."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; supported: {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Static shape, strides and dtype of one tensor value."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, ...] | None = None
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorSpec:
+        return TensorSpec(tuple(t.shape), dtype_name(t.dtype), tuple(t.stride()))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def short(self) -> str:
+        """Compact text form, e.g. ``f32[32, 1024]``."""
+        abbrev = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+                  "int64": "i64", "int32": "i32", "bool": "b8", "uint8": "u8", "int8": "i8"}
+        return f"{abbrev.get(self.dtype, self.dtype)}[{', '.join(map(str, self.shape))}]"
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
+        if self.stride is not None:
+            d["stride"] = list(self.stride)
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> TensorSpec:
+        stride = d.get("stride")
+        return TensorSpec(tuple(d["shape"]), d["dtype"], tuple(stride) if stride is not None else None)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a named tensor value inside an argument."""
+
+    name: str
+
+
+@dataclass
+class AtenStep:
+    """Call one operator, e.g. ``op="aten.addmm.default"``.
+
+    ``outputs`` has one name per returned tensor; ``None`` marks a result nobody uses.
+    ``multi`` is True when the operator returns a tuple (``var_mean``, ``max_pool2d_with_indices``).
+    """
+
+    op: str
+    args: list
+    kwargs: dict
+    outputs: list[str | None]
+    multi: bool = False
+
+    kind = "aten"
+
+    def input_names(self) -> list[str]:
+        return _refs_in([self.args, list(self.kwargs.values())])
+
+
+@dataclass
+class FusedStep:
+    """A fused kernel replacing ``steps``; inputs and outputs are value names of the program."""
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    steps: list[AtenStep]
+    kernel: dict = field(default_factory=dict)
+
+    kind = "fused"
+
+    def input_names(self) -> list[str]:
+        return list(self.inputs)
+
+
+@dataclass
+class CondStep:
+    """``torch.cond(pred, then, else, operands)``; each branch is a Program over ``operands``."""
+
+    pred: Any  # Ref to a 0-d bool tensor, or a Python bool
+    then_branch: Program
+    else_branch: Program
+    operands: list[str]
+    outputs: list[str]
+
+    kind = "cond"
+
+    def input_names(self) -> list[str]:
+        return _refs_in([self.pred]) + list(self.operands)
+
+
+Step = Union[AtenStep, FusedStep, CondStep]
+
+
+@dataclass
+class Program:
+    """An ordered list of steps from named inputs to named outputs."""
+
+    inputs: list[str]
+    steps: list[Step]
+    outputs: list[str]
+    values: dict[str, TensorSpec]
+
+    def walk(self):
+        """Yield every step, recursing into cond branches (branch steps after the cond)."""
+        for step in self.steps:
+            yield step
+            if isinstance(step, CondStep):
+                yield from step.then_branch.walk()
+                yield from step.else_branch.walk()
+
+    def fused_steps(self) -> list[FusedStep]:
+        """Every fused kernel of the program, branches included."""
+        return [s for s in self.walk() if isinstance(s, FusedStep)]
+
+    def to_json(self) -> dict:
+        return {
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "values": {k: v.to_json() for k, v in self.values.items()},
+            "steps": [_step_to_json(s) for s in self.steps],
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> Program:
+        return Program(
+            inputs=list(d["inputs"]),
+            outputs=list(d["outputs"]),
+            values={k: TensorSpec.from_json(v) for k, v in d["values"].items()},
+            steps=[_step_from_json(s) for s in d["steps"]],
+        )
+
+
+@dataclass
+class ModelProgram:
+    """A captured model: its Program plus the model's calling convention.
+
+    ``program.inputs`` is ``weights`` followed by ``user_inputs``. ``mutations`` maps a user input
+    to the program output holding its new value (written back after each call);
+    ``user_outputs`` are the program outputs that form the model's result, and ``out_spec`` is
+    the pytree structure (JSON, ``torch.utils._pytree.treespec_dumps``) that rebuilds it.
+    """
+
+    name: str
+    program: Program
+    weights: list[str]
+    weight_fqns: dict[str, str]
+    user_inputs: list[str]
+    mutations: dict[str, str]
+    user_outputs: list[str]
+    out_spec: str
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [self.program.values[n] for n in self.user_inputs]
+
+    def output_specs(self) -> list[TensorSpec]:
+        return [self.program.values[n] for n in self.user_outputs]
+
+    def to_json(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "weights": list(self.weights),
+            "weight_fqns": dict(self.weight_fqns),
+            "user_inputs": list(self.user_inputs),
+            "mutations": dict(self.mutations),
+            "user_outputs": list(self.user_outputs),
+            "out_spec": self.out_spec,
+            "program": self.program.to_json(),
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> ModelProgram:
+        if d.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"program format version {d.get('format_version')!r} is not {FORMAT_VERSION}; "
+                "re-capture the model with this version of ascendc-pack"
+            )
+        return ModelProgram(
+            name=d["name"],
+            program=Program.from_json(d["program"]),
+            weights=list(d["weights"]),
+            weight_fqns=dict(d["weight_fqns"]),
+            user_inputs=list(d["user_inputs"]),
+            mutations=dict(d["mutations"]),
+            user_outputs=list(d["user_outputs"]),
+            out_spec=d["out_spec"],
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+    @staticmethod
+    def loads(text: str) -> ModelProgram:
+        return ModelProgram.from_json(json.loads(text))
+
+
+# --- arguments -------------------------------------------------------------------------------
+
+def encode_arg(a: Any) -> Any:
+    """Encode an argument as JSON data; tensors refs, dtypes and non-finite floats are tagged."""
+    if isinstance(a, Ref):
+        return {"ref": a.name}
+    if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
+        return a
+    if isinstance(a, float):
+        return a if math.isfinite(a) else {"float": repr(a)}
+    if isinstance(a, (list, tuple)):
+        return [encode_arg(x) for x in a]
+    if isinstance(a, torch.dtype):
+        return {"dtype": dtype_name(a)}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
+    raise TypeError(f"cannot encode argument of type {type(a).__name__}: {a!r}")
+
+
+def decode_arg(a: Any) -> Any:
+    """Inverse of :func:`encode_arg`."""
+    if isinstance(a, list):
+        return [decode_arg(x) for x in a]
+    if isinstance(a, dict):
+        (tag, val), = a.items()
+        if tag == "ref":
+            return Ref(val)
+        if tag == "float":
+            return float(val)
+        if tag == "dtype":
+            return torch_dtype(val)
+        if tag == "device":
+            return torch.device(val)
+        if tag == "layout":
+            return getattr(torch, val)
+        if tag == "memory_format":
+            return getattr(torch, val)
+        raise ValueError(f"unknown argument tag {tag!r}")
+    return a
+
+
+def _refs_in(obj) -> list[str]:
+    out: list[str] = []
+    if isinstance(obj, Ref):
+        out.append(obj.name)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            out.extend(_refs_in(x))
+    return out
+
+
+def _step_to_json(s: Step) -> dict:
+    if isinstance(s, AtenStep):
+        d = {"kind": "aten", "op": s.op, "args": encode_arg(s.args),
+             "kwargs": {k: encode_arg(v) for k, v in s.kwargs.items()}, "outputs": s.outputs}
+        if s.multi:
+            d["multi"] = True
+        return d
+    if isinstance(s, FusedStep):
+        return {"kind": "fused", "name": s.name, "inputs": s.inputs, "outputs": s.outputs,
+                "steps": [_step_to_json(x) for x in s.steps], "kernel": s.kernel}
+    return {"kind": "cond", "pred": encode_arg(s.pred), "operands": s.operands, "outputs": s.outputs,
+            "then": s.then_branch.to_json(), "else": s.else_branch.to_json()}
+
+
+def _step_from_json(d: dict) -> Step:
+    kind = d["kind"]
+    if kind == "aten":
+        return AtenStep(op=d["op"], args=decode_arg(d["args"]),
+                        kwargs={k: decode_arg(v) for k, v in d["kwargs"].items()},
+                        outputs=list(d["outputs"]), multi=bool(d.get("multi", False)))
+    if kind == "fused":
+        return FusedStep(name=d["name"], inputs=list(d["inputs"]), outputs=list(d["outputs"]),
+                         steps=[_step_from_json(x) for x in d["steps"]], kernel=dict(d["kernel"]))
+    if kind == "cond":
+        return CondStep(pred=decode_arg(d["pred"]), then_branch=Program.from_json(d["then"]),
+                        else_branch=Program.from_json(d["else"]), operands=list(d["operands"]),
+                        outputs=list(d["outputs"]))
+    raise ValueError(f"unknown step kind {kind!r}")
+
+
+# --- text dump -------------------------------------------------------------------------------
+
+def _fmt_arg(a: Any) -> str:
+    if isinstance(a, Ref):
+        return f"%{a.name}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
+    if isinstance(a, torch.dtype):
+        return dtype_name(a)
+    return repr(a)
+
+
+def _fmt_aten(s: AtenStep) -> str:
+    args = [_fmt_arg(a) for a in s.args] + [f"{k}={_fmt_arg(v)}" for k, v in s.kwargs.items()]
+    outs = ", ".join(f"%{o}" if o else "_" for o in s.outputs)
+    return f"{outs} = {s.op}({', '.join(args)})"
+
+
+def dump_program(p: Program, indent: str = "  ") -> list[str]:
+    """Readable lines for a program: one per step, value types at the right."""
+    lines = []
+
+    def typ(names):
+        return ", ".join(p.values[n].short() for n in names if n and n in p.values)
+
+    for s in p.steps:
+        if isinstance(s, AtenStep):
+            lines.append(f"{indent}{_fmt_aten(s):<78} # {typ(s.outputs)}")
+        elif isinstance(s, FusedStep):
+            outs = ", ".join(f"%{o}" for o in s.outputs)
+            ins = ", ".join(f"%{i}" for i in s.inputs)
+            family = s.kernel.get("family", "")
+            lines.append(f"{indent}{outs} = kernel {s.name}({ins})  {family}  # {typ(s.outputs)}")
+            for inner in s.steps:
+                lines.append(f"{indent}  | {_fmt_aten(inner)}")
+        else:
+            outs = ", ".join(f"%{o}" for o in s.outputs)
+            ops = ", ".join(f"%{o}" for o in s.operands)
+            lines.append(f"{indent}{outs} = cond({_fmt_arg(s.pred)}, [{ops}])  # {typ(s.outputs)}")
+            for label, br in (("then", s.then_branch), ("else", s.else_branch)):
+                lines.append(f"{indent}  {label} ({', '.join('%' + i for i in br.inputs)}):")
+                lines.extend(dump_program(br, indent + "    "))
+    lines.append(f"{indent}return ({', '.join('%' + o for o in p.outputs)})")
+    return lines
+
+
+def dump(mp: ModelProgram) -> str:
+    """The whole model program as text (what ``ascendc-pack capture`` prints)."""
+    v = mp.program.values
+    head = [
+        f"model {mp.name}",
+        "  inputs:  " + (", ".join(f"%{n}: {v[n].short()}" for n in mp.user_inputs) or "(none)"),
+        f"  weights: {len(mp.weights)} tensors, "
+        f"{sum(v[n].numel * torch_dtype(v[n].dtype).itemsize for n in mp.weights):,} bytes",
+    ]
+    if mp.mutations:
+        head.append("  mutates: " + ", ".join(f"%{i} <- %{o}" for i, o in mp.mutations.items()))
+    fused = mp.program.fused_steps()
+    n_steps = sum(1 for _ in mp.program.walk())
+    head.append(f"  steps:   {n_steps} ({len(fused)} fused kernels)")
+    return "\n".join(head + ["program:"] + dump_program(mp.program)) + "\n"

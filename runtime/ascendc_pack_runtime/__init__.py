@@ -1,0 +1,18 @@
+"""ascendc-pack's minimal runtime: load an ``.ascpack`` bundle and call it.
+
+This package needs torch and zstandard only. It never imports ``ascendc_pack``, jinja2, click
+or a compiler, so a bundle runs on a machine without g++.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+__version__ = "0.1.0"
+KERNEL_ABI_VERSION = 1
+
+
+def include_dir() -> Path:
+    """Directory holding the C/C++ headers shared with generated code (``ascendc_pack/*.h``)."""
+    return Path(str(resources.files("ascendc_pack_runtime.include")))
