@@ -1,0 +1,615 @@
+"""Compile stage: every tiling candidate of every fused kernel -> its own static kernel ``.so``.
+
+Entry point: :func:`compile_kernels`. For each fused kernel it takes the kernel's
+``compile.lock`` (DESIGN 4.3), reuses every candidate library already in the cache (zero compiler
+calls on a warm cache), and compiles the rest with ``config.jobs`` g++ processes in parallel.
+A candidate that fails to compile is recorded (``CompiledCandidate.error`` and
+``static_kernel/<kernel_key>/compile_error.txt``) and the build goes on.
+
+A candidate's source must implement ``runtime/include/ascendc_pack/kernel_abi.h``: define
+``ap_kernel_describe()`` returning an ``ap_kernel_info`` whose ``name`` is the fused kernel's name
+and whose ``kernel_key`` is the candidate's key, and ``ap_kernel_launch()``. Every library is
+checked through :func:`describe_library` before it is published into the cache or reused from it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from .cache import (LOCK_TIMEOUT_S, KernelDir, atomic_write_text, check_component, stable_hash,
+                    temp_path_for)
+from .candidate import Candidate
+from .config import BuildConfig, host_cores
+from .errors import CompileError, ConfigError, PackError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CXX = "g++"
+COMPILE_TIMEOUT_S = 300.0
+"""Wall-clock limit of one candidate's g++ run; a candidate over it is recorded as failed."""
+PROBE_TIMEOUT_S = 60.0
+OUTPUT_TAIL_CHARS = 8000
+ARTIFACT_HASH_VERSION = "ascendc-pack/artifact/v1"
+DEBUG_DIRNAME = "torch_compile_debug"
+_ERROR_HEADER = "# ascendc-pack compile error v1"
+
+
+class KernelLibraryError(PackError):
+    """A kernel library cannot be loaded, lacks the ABI symbols, or is not the promised file."""
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class CompileStats:
+    """Process-wide counters (tests assert "warm cache -> zero compiler calls" with them)."""
+
+    compiler_calls: int = 0   # g++ runs for candidates (probes like --version are not counted)
+    cache_hits: int = 0       # candidates reused from the cache, libraries and cached failures
+    failures: int = 0         # candidates that failed in this process (compile or validation)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.compiler_calls = self.cache_hits = self.failures = 0
+
+
+STATS = CompileStats()
+
+
+def __getattr__(name: str):
+    """``compile.COMPILER_CALLS`` reads ``STATS.compiler_calls``."""
+    if name == "COMPILER_CALLS":
+        return STATS.compiler_calls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class CandidateSource:
+    """One candidate and the complete C++ source of its static kernel."""
+
+    candidate: Candidate
+    source: str
+
+
+@dataclass
+class KernelBuild:
+    """Everything needed to compile one fused kernel's candidates (best-first order)."""
+
+    kernel_name: str
+    artifact_hash: str
+    candidates: list[CandidateSource]
+
+    def __post_init__(self):
+        check_component(self.kernel_name, "kernel_name")
+        check_component(self.artifact_hash, "artifact_hash")
+        keys = [c.candidate.kernel_key for c in self.candidates]
+        dups = sorted({k for k in keys if keys.count(k) > 1})
+        if dups:
+            raise ValueError(f"kernel {self.kernel_name} lists the same candidate twice "
+                             f"(kernel_key {', '.join(dups)}); candidates must be distinct")
+
+
+@dataclass(frozen=True)
+class CompiledCandidate:
+    """Outcome for one candidate. ``so_path`` is set on success, ``error`` on failure;
+    ``compiled`` is False when the result (library or failure) came from the cache."""
+
+    candidate: Candidate
+    so_path: Path | None
+    error: str | None
+    compiled: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.so_path is not None and self.error is None
+
+    def to_json(self) -> dict:
+        return {"candidate": self.candidate.to_json(),
+                "so_path": None if self.so_path is None else str(self.so_path),
+                "error": self.error, "compiled": self.compiled}
+
+    @staticmethod
+    def from_json(d: dict) -> CompiledCandidate:
+        return CompiledCandidate(Candidate.from_json(d["candidate"]),
+                                 None if d["so_path"] is None else Path(d["so_path"]),
+                                 d["error"], bool(d["compiled"]))
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """One fused kernel's cache directory and its candidates, in the order they were given."""
+
+    kernel_dir: KernelDir
+    candidates: list[CompiledCandidate]
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel_dir.kernel_name
+
+    @property
+    def ok_candidates(self) -> list[CompiledCandidate]:
+        """Candidates with a usable library."""
+        return [c for c in self.candidates if c.ok]
+
+    def to_json(self) -> dict:
+        kd = self.kernel_dir
+        return {"root": str(kd.root), "kernel_name": kd.kernel_name, "artifact_hash": kd.artifact_hash,
+                "candidates": [c.to_json() for c in self.candidates]}
+
+    @staticmethod
+    def from_json(d: dict) -> CompiledKernel:
+        return CompiledKernel(KernelDir(Path(d["root"]), d["kernel_name"], d["artifact_hash"]),
+                              [CompiledCandidate.from_json(c) for c in d["candidates"]])
+
+
+# ----------------------------------------------------------------------------- toolchain
+
+
+def runtime_include_dir() -> Path:
+    """Directory holding ``ascendc_pack/kernel_abi.h`` (the runtime's shared headers).
+
+    Uses ``ascendc_pack_runtime.include_dir()`` when the distribution is installed and falls
+    back to the source layout (``runtime/include`` next to ``runtime/ascendc_pack_runtime``)."""
+    import ascendc_pack_runtime as rt
+
+    candidates = []
+    try:
+        candidates.append(Path(rt.include_dir()))
+    except (ImportError, TypeError, ValueError):
+        pass
+    candidates.append(Path(rt.__file__).resolve().parent.parent / "include")
+    for d in candidates:
+        if (d / "ascendc_pack" / "kernel_abi.h").is_file():
+            return d
+    raise CompileError("cannot find the runtime headers (ascendc_pack/kernel_abi.h) in "
+                       f"{', '.join(map(str, candidates))}; reinstall ascendc-pack "
+                       "(pip install -e . from the source tree)")
+
+
+def _compiler_path(cxx: str) -> str:
+    path = shutil.which(cxx)
+    if path is None:
+        raise CompileError(f"C++ compiler {cxx!r} not found on PATH; install g++ "
+                           "(e.g. apt-get install g++) or put it on PATH")
+    return path
+
+
+def _compiler_env() -> dict[str, str]:
+    return {**os.environ, "LC_ALL": "C"}  # plain ASCII diagnostics
+
+
+def _run_probe(cmd: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              errors="replace", timeout=PROBE_TIMEOUT_S, env=_compiler_env())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise CompileError(f"cannot run the C++ compiler ({shlex.join(cmd)}): {e}") from e
+
+
+@lru_cache(maxsize=None)
+def compiler_identity(cxx: str = DEFAULT_CXX) -> str:
+    """``"<realpath of cxx> <first line of cxx --version>"`` (cached per process)."""
+    real = os.path.realpath(_compiler_path(cxx))
+    out = _run_probe([real, "--version"])
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise CompileError(f"{real} --version failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
+    return f"{real} {lines[0].strip()}"
+
+
+def compile_flags(march: str) -> list[str]:
+    """g++ flags of every kernel library (no ``-ffast-math``: it breaks -inf/NaN, DESIGN 6;
+    ``-fopenmp`` binds kernels to the libgomp torch already loaded)."""
+    return ["-O3", f"-march={march}", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+            "-fno-math-errno", "-fno-trapping-math", "-fno-plt", f"-I{runtime_include_dir()}"]
+
+
+def _hashed_flags(march: str) -> str:
+    """The flags with the (machine-specific) include path replaced by the headers' content."""
+    inc = runtime_include_dir()
+    flags = [f if f != f"-I{inc}" else "-I<ascendc_pack_runtime/include>" for f in compile_flags(march)]
+    h = hashlib.sha256()
+    for p in sorted(inc.rglob("*.h")):
+        h.update(p.relative_to(inc).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return " ".join(flags) + f" headers={h.hexdigest()}"
+
+
+# Compiler macro -> Linux /proc/cpuinfo flag name, so a loader's host check is a subset test.
+_X86_FEATURES = {
+    "__SSE__": "sse", "__SSE2__": "sse2", "__SSE3__": "pni", "__SSSE3__": "ssse3",
+    "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2", "__SSE4A__": "sse4a", "__POPCNT__": "popcnt",
+    "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__FMA4__": "fma4", "__F16C__": "f16c",
+    "__BMI__": "bmi1", "__BMI2__": "bmi2", "__LZCNT__": "abm", "__MOVBE__": "movbe",
+    "__AES__": "aes", "__PCLMUL__": "pclmulqdq", "__SHA__": "sha_ni", "__ADX__": "adx",
+    "__RDRND__": "rdrand", "__RDSEED__": "rdseed", "__VAES__": "vaes",
+    "__VPCLMULQDQ__": "vpclmulqdq", "__GFNI__": "gfni",
+    "__AVX512F__": "avx512f", "__AVX512CD__": "avx512cd", "__AVX512BW__": "avx512bw",
+    "__AVX512DQ__": "avx512dq", "__AVX512VL__": "avx512vl", "__AVX512IFMA__": "avx512ifma",
+    "__AVX512VBMI__": "avx512vbmi", "__AVX512VBMI2__": "avx512_vbmi2",
+    "__AVX512VNNI__": "avx512_vnni", "__AVX512BITALG__": "avx512_bitalg",
+    "__AVX512VPOPCNTDQ__": "avx512_vpopcntdq", "__AVX512BF16__": "avx512_bf16",
+    "__AVX512FP16__": "avx512_fp16", "__AVXVNNI__": "avx_vnni",
+    "__AMXTILE__": "amx_tile", "__AMXBF16__": "amx_bf16", "__AMXINT8__": "amx_int8",
+    "__AMX_TILE__": "amx_tile", "__AMX_BF16__": "amx_bf16", "__AMX_INT8__": "amx_int8",
+}
+_ARM_FEATURES = {
+    "__ARM_NEON": "asimd", "__ARM_FEATURE_SVE": "sve", "__ARM_FEATURE_SVE2": "sve2",
+    "__ARM_FEATURE_DOTPROD": "asimddp", "__ARM_FEATURE_FP16_VECTOR_ARITHMETIC": "asimdhp",
+    "__ARM_FEATURE_FP16_SCALAR_ARITHMETIC": "fphp", "__ARM_FEATURE_BF16": "bf16",
+    "__ARM_FEATURE_MATMUL_INT8": "i8mm", "__ARM_FEATURE_SVE_BF16": "svebf16",
+    "__ARM_FEATURE_SVE_MATMUL_INT8": "svei8mm", "__ARM_FEATURE_ATOMICS": "atomics",
+    "__ARM_FEATURE_CRC32": "crc32", "__ARM_FEATURE_AES": "aes", "__ARM_FEATURE_SHA2": "sha2",
+}
+
+
+@lru_cache(maxsize=None)
+def _isa_features(march: str, cxx: str) -> tuple[str, ...]:
+    cmd = [_compiler_path(cxx), f"-march={march}", "-dM", "-E", "-x", "c++", "-"]
+    out = _run_probe(cmd)
+    if out.returncode != 0:
+        raise ConfigError(f"{cxx} rejected -march={march}: {out.stderr.strip()[-500:]}. Pass a "
+                          "-march value this compiler supports (e.g. native, x86-64-v3)")
+    macros = {line.split()[1] for line in out.stdout.splitlines()
+              if line.startswith("#define ") and len(line.split()) >= 2}
+    if "__x86_64__" in macros or "__i386__" in macros:
+        table = _X86_FEATURES
+    elif "__aarch64__" in macros or "__arm__" in macros:
+        table = _ARM_FEATURES
+    else:
+        return ()
+    return tuple(sorted({name for macro, name in table.items() if macro in macros}))
+
+
+def isa_features(march: str, cxx: str = DEFAULT_CXX) -> list[str]:
+    """ISA features code built with ``-march=<march>`` may use, read from the compiler's
+    predefined macros, as sorted Linux ``/proc/cpuinfo`` flag names (``avx2``, ``fma``,
+    ``avx512f``, ``avx512_bf16``, ... on x86-64; ``asimd``, ``sve``, ``bf16``, ... on aarch64).
+    A host can run the kernels iff these are a subset of its cpuinfo flags."""
+    return list(_isa_features(march, cxx))
+
+
+def host_cpu_flags() -> set[str]:
+    """This host's CPU flags from ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on arm);
+    empty when unavailable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def package_version() -> str:
+    """``ascendc_pack.__version__``, else the installed distribution's version, else "0.0.0"."""
+    import ascendc_pack
+
+    version = getattr(ascendc_pack, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        return importlib.metadata.version("ascendc-pack")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def artifact_hash(spec_text: str, template_version: str, core_limit: int | None, march: str,
+                  cxx: str = DEFAULT_CXX) -> str:
+    """The cache key of a fused kernel's directory (DESIGN 4.3): sha256 over the kernel spec
+    text, template version, compiler identity, compile flags (with the runtime headers'
+    content), ISA features, core limit and the ascendc_pack version. ``core_limit=None`` (no
+    limit) hashes as "all cores of this host" so hosts with different core counts don't share
+    tunings."""
+    cores = f"all:{host_cores()}" if core_limit is None else f"limit:{int(core_limit)}"
+    return stable_hash(ARTIFACT_HASH_VERSION, package_version(), spec_text, template_version,
+                       compiler_identity(cxx), _hashed_flags(march),
+                       ",".join(isa_features(march, cxx)), cores)
+
+
+# ----------------------------------------------------------------------------- library check
+
+
+class _KernelInfo(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("name", ctypes.c_char_p),
+                ("kernel_key", ctypes.c_char_p), ("tiling_repr", ctypes.c_char_p),
+                ("workspace", ctypes.c_int64), ("block_dim", ctypes.c_int32),
+                ("isa", ctypes.c_char_p), ("n_inputs", ctypes.c_int32), ("n_outputs", ctypes.c_int32)]
+
+
+def _dlclose(lib: ctypes.CDLL) -> None:
+    try:
+        import _ctypes
+
+        _ctypes.dlclose(lib._handle)
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
+def _decode(b: bytes | None) -> str | None:
+    return None if b is None else b.decode("utf-8", "replace")
+
+
+def describe_library(so_path: Path | str, expected_key: str | None = None,
+                     expected_name: str | None = None) -> dict:
+    """Load a kernel library with ctypes and return its ``ap_kernel_info`` as a dict
+    (abi_version, name, kernel_key, tiling_repr, workspace, block_dim, isa, n_inputs,
+    n_outputs). Raises KernelLibraryError if it cannot be loaded, lacks ``ap_kernel_describe``
+    or ``ap_kernel_launch``, has another ABI version, or its kernel_key / name differ from the
+    expected ones. The library is unloaded again before returning."""
+    from ascendc_pack_runtime import KERNEL_ABI_VERSION
+
+    path = Path(so_path)
+    try:
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        raise KernelLibraryError(f"cannot load kernel library {path}: {e}") from None
+    try:
+        try:
+            describe, _ = lib.ap_kernel_describe, lib.ap_kernel_launch
+        except AttributeError as e:
+            raise KernelLibraryError(f"{path} is not an ascendc-pack kernel library: {e}; it must "
+                                     "define ap_kernel_describe() and ap_kernel_launch() "
+                                     "(ascendc_pack/kernel_abi.h) with C linkage") from None
+        describe.restype, describe.argtypes = ctypes.POINTER(_KernelInfo), []
+        ptr = describe()
+        if not ptr:
+            raise KernelLibraryError(f"{path}: ap_kernel_describe() returned NULL")
+        c = ptr.contents
+        info = {"abi_version": int(c.abi_version), "name": _decode(c.name),
+                "kernel_key": _decode(c.kernel_key), "tiling_repr": _decode(c.tiling_repr),
+                "workspace": int(c.workspace), "block_dim": int(c.block_dim), "isa": _decode(c.isa),
+                "n_inputs": int(c.n_inputs), "n_outputs": int(c.n_outputs)}
+    finally:
+        _dlclose(lib)
+    if info["abi_version"] != KERNEL_ABI_VERSION:
+        raise KernelLibraryError(f"{path} was built for kernel ABI {info['abi_version']}, this "
+                                 f"ascendc-pack uses ABI {KERNEL_ABI_VERSION}; rebuild it")
+    for field_name, expected in (("kernel_key", expected_key), ("name", expected_name)):
+        if expected is not None and info[field_name] != expected:
+            raise KernelLibraryError(f"{path} describes itself with {field_name} "
+                                     f"{info[field_name]!r}, expected {expected!r}; the file does "
+                                     "not belong here: delete it and rebuild")
+    return info
+
+
+# ----------------------------------------------------------------------------- debug output
+
+
+def debug_dir_for(kernel_name: str, debug_root: Path | str | None = None) -> Path:
+    """Debug directory of one fused kernel: ``<debug_root>/<kernel_name>`` where ``debug_root``
+    defaults to ``<cwd>/torch_compile_debug``. Candidate files go to ``<kernel_key>/`` below it;
+    per-kernel extras (e.g. a standalone benchmark script) belong directly in it."""
+    root = Path(debug_root) if debug_root is not None else Path.cwd() / DEBUG_DIRNAME
+    return root / check_component(kernel_name, "kernel_name")
+
+
+def _write_debug(ctx: _Ctx, kernel_name: str, cs: CandidateSource, cmd_text: str,
+                 error: str | None) -> None:
+    if ctx.debug_root is None:
+        return
+    d = debug_dir_for(kernel_name, ctx.debug_root) / cs.candidate.kernel_key
+    try:
+        atomic_write_text(d / "kernel.cpp", cs.source)
+        atomic_write_text(d / "compile_cmd.txt", cmd_text)
+        if error is not None:
+            atomic_write_text(d / "compile_error.txt", error + "\n")
+    except OSError as e:
+        log.warning("cannot write debug files to %s: %s", d, e)
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+@dataclass
+class _Ctx:
+    """Settings shared by every compile of one compile_kernels call."""
+
+    cxx: str
+    flags: list[str]
+    timeout_s: float
+    lock_timeout_s: float
+    debug_root: Path | None
+    progress: Callable[[int], None] | None
+    _progress_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tick(self) -> None:
+        if self.progress is not None:
+            with self._progress_lock:
+                self.progress(1)
+
+    def command(self, cpp: Path, out: Path) -> list[str]:
+        return [self.cxx, *self.flags, "-o", str(out), str(cpp)]
+
+
+def _source_sha(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= OUTPUT_TAIL_CHARS else "..." + text[-OUTPUT_TAIL_CHARS:]
+
+
+def _cached_failure(kd: KernelDir, cs: CandidateSource) -> str | None:
+    """The recorded error of a deterministic failure of this exact source, if any."""
+    try:
+        header, _, body = kd.compile_error(cs.candidate.kernel_key).read_text().partition("\n")
+    except OSError:
+        return None
+    if header == f"{_ERROR_HEADER} cacheable=1 source_sha256={_source_sha(cs.source)}":
+        return body.rstrip("\n")
+    return None
+
+
+def _looks_like_kernel(so: Path, kernel_key: str) -> bool:
+    """Cheap file check before dlopen: an ELF file that contains its kernel_key. (dlopen of a
+    path this process already loaded returns the loaded library, not the file now on disk.)"""
+    try:
+        data = so.read_bytes()
+    except OSError:
+        return False
+    return data.startswith(b"\x7fELF") and kernel_key.encode() in data
+
+
+def _cached_result(kd: KernelDir, kernel_name: str, cs: CandidateSource) -> CompiledCandidate | None:
+    """A valid cached library (or cached failure) for this exact source, else None."""
+    key = cs.candidate.kernel_key
+    so, cpp = kd.kernel_so(key), kd.kernel_cpp(key)
+    try:
+        same_source = cpp.read_text() == cs.source
+    except OSError:
+        same_source = False
+    if not same_source:
+        return None
+    if _looks_like_kernel(so, key):
+        try:
+            describe_library(so, expected_key=key, expected_name=kernel_name)
+        except KernelLibraryError as e:
+            log.warning("cached kernel library is invalid, recompiling: %s", e)
+            return None
+        return CompiledCandidate(cs.candidate, so, None, compiled=False)
+    error = _cached_failure(kd, cs)
+    if error is not None:
+        return CompiledCandidate(cs.candidate, None, error, compiled=False)
+    return None
+
+
+def _failure_text(kd: KernelDir, cs: CandidateSource, reason: str, cmd: list[str], output: str) -> str:
+    c = cs.candidate
+    return (f"failed to compile candidate {c.kernel_key} (tiling {c.optimize_tiling_text}) of kernel "
+            f"{kd.kernel_name}: {reason}\nsource: {kd.kernel_cpp(c.kernel_key)}\n"
+            f"command: {shlex.join(cmd)}\n--- compiler output (tail) ---\n{_tail(output)}")
+
+
+def _compile_candidate(kd: KernelDir, cs: CandidateSource, ctx: _Ctx) -> CompiledCandidate:
+    """Compile one candidate into a temp file, validate it, then publish it with os.replace.
+    Must be called with the kernel's lock held."""
+    key = cs.candidate.kernel_key
+    cpp, so = kd.kernel_cpp(key), kd.kernel_so(key)
+    atomic_write_text(cpp, cs.source)
+    tmp = temp_path_for(so)
+    cmd = ctx.command(cpp, tmp)
+    STATS.add("compiler_calls")
+    error, cacheable = None, False
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace",
+                              timeout=ctx.timeout_s, env=_compiler_env())
+        if proc.returncode != 0:
+            error = _failure_text(kd, cs, f"exit code {proc.returncode}", cmd, proc.stdout)
+            cacheable = True
+        else:
+            try:
+                describe_library(tmp, expected_key=key, expected_name=kd.kernel_name)
+                os.replace(tmp, so)
+            except KernelLibraryError as e:
+                error = _failure_text(kd, cs, f"the library failed validation: {e}", cmd, proc.stdout)
+                cacheable = True
+    except subprocess.TimeoutExpired as e:
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        error = _failure_text(kd, cs, f"timed out after {ctx.timeout_s:g} s", cmd, out)
+    except OSError as e:
+        error = _failure_text(kd, cs, f"cannot run the compiler: {e}", cmd, "")
+    finally:
+        tmp.unlink(missing_ok=True)
+    cmd_text = (f"# cwd: {os.getcwd()}\n# output is written to a temporary name, then renamed "
+                f"onto {so}\n{shlex.join(cmd)}\n")
+    _write_debug(ctx, kd.kernel_name, cs, cmd_text, error)
+    if error is None:
+        kd.compile_error(key).unlink(missing_ok=True)
+        return CompiledCandidate(cs.candidate, so, None, compiled=True)
+    STATS.add("failures")
+    log.warning("%s", error.splitlines()[0])
+    header = f"{_ERROR_HEADER} cacheable={int(cacheable)} source_sha256={_source_sha(cs.source)}"
+    atomic_write_text(kd.compile_error(key), f"{header}\n{error}\n")
+    return CompiledCandidate(cs.candidate, None, error, compiled=True)
+
+
+def _build_kernel(build: KernelBuild, root: Path, ctx: _Ctx,
+                  pool: ThreadPoolExecutor | None) -> CompiledKernel:
+    """Under the kernel's lock: reuse cached candidates, compile the others (in ``pool`` if
+    given, else serially in this thread)."""
+    kd = KernelDir(root, build.kernel_name, build.artifact_hash)
+    results: list[CompiledCandidate | None] = [None] * len(build.candidates)
+    with kd.lock(ctx.lock_timeout_s):
+        kd.static_kernel_dir.mkdir(parents=True, exist_ok=True)
+        todo: list[int] = []
+        for i, cs in enumerate(build.candidates):
+            hit = _cached_result(kd, build.kernel_name, cs)
+            if hit is None:
+                todo.append(i)
+                continue
+            STATS.add("cache_hits")
+            so = kd.kernel_so(cs.candidate.kernel_key)
+            cmd_text = f"# cache hit: {so} was reused; this command rebuilds it\n" \
+                       f"{shlex.join(ctx.command(kd.kernel_cpp(cs.candidate.kernel_key), so))}\n"
+            _write_debug(ctx, build.kernel_name, cs, cmd_text, hit.error)
+            results[i] = hit
+            ctx.tick()
+        futures: dict[int, Future] = {}
+        for i in todo:
+            if pool is None:
+                results[i] = _compile_candidate(kd, build.candidates[i], ctx)
+                ctx.tick()
+            else:
+                futures[i] = pool.submit(_compile_candidate, kd, build.candidates[i], ctx)
+        for i, fut in futures.items():
+            results[i] = fut.result()
+            ctx.tick()
+    return CompiledKernel(kd, [r for r in results if r is not None])
+
+
+def compile_kernels(builds: list[KernelBuild], config: BuildConfig,
+                    progress: Callable[[int], None] | None = None, *, cxx: str = DEFAULT_CXX,
+                    debug_root: Path | str | None = None, timeout_s: float = COMPILE_TIMEOUT_S,
+                    lock_timeout_s: float = LOCK_TIMEOUT_S) -> list[CompiledKernel]:
+    """Compile every candidate of every kernel into the cache and return the results in order.
+
+    ``progress(1)`` is called once per candidate as it is done (cached, compiled or failed).
+    Runs up to ``config.jobs`` compiler processes at once (``jobs == 1``: serially in this
+    thread). With ``config.debug``, each candidate's source and compile command go to
+    ``debug_dir_for(kernel_name, debug_root)/<kernel_key>/``. Raises CompileError when the
+    compiler is missing, LockTimeoutError when another build holds a kernel's lock too long;
+    a candidate that fails to compile is recorded in its CompiledCandidate, never raised."""
+    if not builds:
+        return []
+    ctx = _Ctx(cxx=_compiler_path(cxx), flags=compile_flags(config.march), timeout_s=timeout_s,
+               lock_timeout_s=lock_timeout_s, progress=progress,
+               debug_root=(Path(debug_root) if debug_root is not None else Path.cwd() / DEBUG_DIRNAME)
+               if config.debug else None)
+    root = config.kernel_cache_root
+    if config.jobs == 1:
+        return [_build_kernel(b, root, ctx, None) for b in builds]
+    with ThreadPoolExecutor(config.jobs, thread_name_prefix="ap-compile") as pool, \
+            ThreadPoolExecutor(min(config.jobs, len(builds)), thread_name_prefix="ap-kernel") as kernels:
+        futures = [kernels.submit(_build_kernel, b, root, ctx, pool) for b in builds]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise

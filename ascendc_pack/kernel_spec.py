@@ -1,0 +1,212 @@
+"""The fused-kernel spec: plain JSON data describing one kernel's computation.
+
+A spec is what the tiler, the code generator and the cache key all read::
+
+    {"version": 1, "name": ..., "axes": [sizes], "reduce_axes": [axis ids],
+     "inputs": [{"name", "dtype", "shape", "stride"}],
+     "outputs": [{"name", "dtype", "shape", "node", "strides": per-axis}],
+     "nodes": [{"id", "kind": "load"|"const"|"op"|"reduce", ...}]}
+
+The iteration space is the product of ``axes``; every node is evaluated at an index of it (a
+node ignores the axes it does not vary over). Loads carry per-axis element strides and an
+offset. Reductions reduce exactly ``reduce_axes``. Outputs are stored contiguously in their own
+shape, given as per-axis strides.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS
+from .program import AtenStep, Ref
+
+SPEC_VERSION = 1
+
+
+def _contiguous(shape) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return list(reversed(strides))
+
+
+class _Builder:
+    def __init__(self, an, values, inputs):
+        self.an = an
+        self.values = values
+        self.inputs = inputs
+        self.nodes: list[dict] = []
+        self.node_of_value: dict[str, int] = {}
+        self.memo: dict = {}
+        self.n_axes = len(an.axis_sizes)
+
+    def add(self, node: dict) -> int:
+        key = tuple(sorted((k, str(v)) for k, v in node.items()))
+        if node["kind"] in ("load", "const") and key in self.memo:
+            return self.memo[key]
+        node["id"] = len(self.nodes)
+        self.nodes.append(node)
+        if node["kind"] in ("load", "const"):
+            self.memo[key] = node["id"]
+        return node["id"]
+
+    def const(self, value, dtype) -> int:
+        if isinstance(value, bool):
+            return self.add({"kind": "const", "value": bool(value), "dtype": "bool"})
+        if isinstance(value, int):
+            return self.add({"kind": "const", "value": value, "dtype": dtype or "pyint"})
+        v = float(value)
+        text = repr(v) if math.isfinite(v) else str(v)
+        return self.add({"kind": "const", "value": text, "dtype": dtype or "pyfloat"})
+
+    def operand(self, step_index: int, pos: int) -> int:
+        from .fuse import Internal
+
+        op = self.an.operands[(step_index, pos)]
+        if isinstance(op, Internal):
+            return self.node_of_value[op.value]
+        strides = [0] * self.n_axes
+        for d, axis in enumerate(op.axes):
+            if axis is not None:
+                strides[axis] = op.strides[d]
+        return self.add({"kind": "load", "input": self.inputs.index(op.base), "strides": strides,
+                         "offset": op.offset, "dtype": self.values[op.base].dtype})
+
+    def op(self, name, args, dtype) -> int:
+        return self.add({"kind": "op", "op": name, "args": args, "dtype": dtype})
+
+    def step(self, i: int, step: AtenStep) -> None:
+        out = step.outputs[0]
+        dtype = self.values[out].dtype
+        tensor_pos = {}
+        pos = 0
+
+        def arg(a):
+            nonlocal pos
+            if isinstance(a, Ref):
+                tensor_pos[id(a)] = pos
+                node = self.operand(i, pos)
+                pos += 1
+                return node
+            return self.const(a, None)
+
+        if step.op in ATEN_REDUCTIONS:
+            self.node_of_value[out] = self.reduction(i, step, dtype)
+            return
+        kind = ATEN_POINTWISE[step.op]
+        kw = step.kwargs
+        if kind == "full":
+            value = step.args[1] if step.op in ("aten.full.default", "aten.full_like.default") else (
+                step.args[0] if step.op == "aten.scalar_tensor.default" else
+                (0 if step.op == "aten.zeros_like.default" else 1))
+            self.node_of_value[out] = self.const(value, dtype)
+            return
+        refs = [a for a in step.args]
+        if kind == "cast":
+            self.node_of_value[out] = self.op("cast", [arg(refs[0])], dtype)
+            return
+        if kind in ("add", "sub", "rsub"):
+            a, b = arg(refs[0]), arg(refs[1])
+            alpha = kw.get("alpha", refs[2] if len(refs) > 2 else 1)
+            if kind == "rsub":
+                a, b = b, a
+            if alpha != 1:
+                b = self.op("mul", [b, self.const(alpha, None)], dtype)
+            self.node_of_value[out] = self.op("sub" if kind != "add" else "add", [a, b], dtype)
+            return
+        if kind == "div_mode":
+            mode = kw.get("rounding_mode", refs[2] if len(refs) > 2 else None)
+            name = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[mode]
+            self.node_of_value[out] = self.op(name, [arg(refs[0]), arg(refs[1])], dtype)
+            return
+        if kind == "clamp":
+            x = arg(refs[0])
+            lo = kw.get("min", refs[1] if len(refs) > 1 else None)
+            hi = kw.get("max", refs[2] if len(refs) > 2 else None)
+            if lo is not None:
+                x = self.op("clamp_lo", [x, arg(lo)], dtype)
+            if hi is not None:
+                x = self.op("clamp_hi", [x, arg(hi)], dtype)
+            if lo is None and hi is None:
+                x = self.op("identity", [x], dtype)
+            self.node_of_value[out] = x
+            return
+        args = [arg(a) for a in refs]
+        self.node_of_value[out] = self.op(kind, args, dtype)
+
+    def reduction(self, i: int, step: AtenStep, dtype: str) -> int:
+        from .fuse import _reduce_dims
+
+        kind = ATEN_REDUCTIONS[step.op]
+        src = self.operand(i, 0)
+        acc_dtype = step.kwargs.get("dtype")
+        if acc_dtype is not None:
+            src = self.op("cast", [src], str(acc_dtype).removeprefix("torch."))
+        op = self.an.operands[(i, 0)]
+        shape = op.shape if hasattr(op, "shape") else self.values[op.value].shape
+        count = math.prod(shape[d] for d in _reduce_dims(step, len(shape)))
+        node = {"kind": "reduce", "op": kind, "args": [src], "dtype": dtype}
+        if kind == "mean":
+            node["count"] = count
+        return self.add(node)
+
+
+def build_spec(an, member_steps, inputs: list[str], values, layouts: dict) -> dict:
+    """Build the JSON spec of a fused kernel from its analysis (see :class:`fuse.Analysis`).
+
+    ``layouts`` gives the strides each input is assumed to have at run time.
+    """
+    b = _Builder(an, values, inputs)
+    for i, step in zip(an.members, member_steps):
+        b.step(i, step)
+    outputs = []
+    for name in an.outputs:
+        shape = values[name].shape
+        contiguous = _contiguous(shape)
+        strides = [0] * b.n_axes
+        for d, axis in enumerate(an.value_axes[name]):
+            if axis is not None:
+                strides[axis] = contiguous[d]
+        outputs.append({"name": name, "dtype": values[name].dtype, "shape": list(shape),
+                        "node": b.node_of_value[name], "strides": strides})
+    return merge_axes({
+        "version": SPEC_VERSION,
+        "axes": list(an.axis_sizes),
+        "reduce_axes": sorted(an.reduce_axes),
+        "inputs": [{"name": n, "dtype": values[n].dtype, "shape": list(values[n].shape),
+                    "stride": list(layouts[n])} for n in inputs],
+        "outputs": outputs,
+        "nodes": b.nodes,
+    })
+
+
+def merge_axes(spec: dict) -> dict:
+    """Merge adjacent axes (both kept or both reduced) that every load and store walks as one.
+
+    Axes a and a+1 merge when each access has ``stride[a] == stride[a+1] * size[a+1]``; the
+    merged loops then index memory without div/mod. A spec without axes gets one unit axis.
+    """
+    axes = list(spec["axes"])
+    reduce = set(spec["reduce_axes"])
+    accesses = [n["strides"] for n in spec["nodes"] if n["kind"] == "load"] + \
+               [o["strides"] for o in spec["outputs"]]
+    if not axes:
+        axes = [1]
+        for acc in accesses:
+            acc.append(0)
+    a = 0
+    while a + 1 < len(axes):
+        same_kind = (a in reduce) == (a + 1 in reduce)
+        if same_kind and all(acc[a] == acc[a + 1] * axes[a + 1] for acc in accesses):
+            axes[a] *= axes[a + 1]
+            del axes[a + 1]
+            for acc in accesses:
+                acc[a] = acc[a + 1]
+                del acc[a + 1]
+            reduce = {r if r <= a else r - 1 for r in reduce if r != a + 1}
+            continue
+        a += 1
+    spec["axes"] = axes
+    spec["reduce_axes"] = sorted(reduce)
+    return spec

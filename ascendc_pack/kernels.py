@@ -1,0 +1,63 @@
+"""Tile, render and compile every fused kernel of a Program (stages 3-4 of the pipeline).
+
+:func:`prepare_kernels` proposes each kernel's candidates (:mod:`tiling`), renders one static
+C++ source per candidate (:mod:`codegen`) and compiles them all into the cache
+(:mod:`compile`). The result maps kernel name -> :class:`KernelCandidates`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from .codegen import TEMPLATE_VERSION, render_kernel
+from .compile import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from .config import BuildConfig
+from .program import FusedStep, Program
+from .tiling import Target, Tiling, propose
+
+
+@dataclass
+class KernelCandidates:
+    """One fused kernel: its spec, its ranked tilings and their compiled libraries (same order)."""
+
+    step: FusedStep
+    tilings: list[Tiling]
+    compiled: CompiledKernel
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+
+def target_for(config: BuildConfig) -> Target:
+    return Target(cores=config.effective_cores)
+
+
+def prepare_kernels(program: Program, config: BuildConfig,
+                    progress: Callable[[int], None] | None = None) -> dict[str, KernelCandidates]:
+    """Propose, render and compile the candidates of every fused kernel (branches included)."""
+    target = target_for(config)
+    isa = ",".join(isa_features(config.march))
+    steps = {s.name: s for s in program.fused_steps()}  # identical kernels share a name
+    builds, tilings = [], {}
+    for name, step in steps.items():
+        spec_text = json.dumps(step.kernel, sort_keys=True)
+        tilings[name] = propose(step.kernel, target, config.topn)
+        sources = [CandidateSource(t.candidate, render_kernel(step.kernel, t.params, t.candidate.kernel_key,
+                                                             t.candidate.tiling_repr, t.candidate.workspace,
+                                                             t.candidate.block_dim, isa))
+                   for t in tilings[name]]
+        ahash = artifact_hash(spec_text + f"|topn={config.topn}", TEMPLATE_VERSION, config.cores, config.march)
+        builds.append(KernelBuild(name, ahash, sources))
+    compiled = compile_kernels(builds, config, progress)
+    return {b.kernel_name: KernelCandidates(steps[b.kernel_name], tilings[b.kernel_name], ck)
+            for b, ck in zip(builds, compiled)}
+
+
+def total_candidates(program: Program, config: BuildConfig) -> int:
+    """How many candidates :func:`prepare_kernels` will compile (for a progress bar)."""
+    target = target_for(config)
+    names = {s.name: s for s in program.fused_steps()}
+    return sum(len(propose(s.kernel, target, config.topn)) for s in names.values())

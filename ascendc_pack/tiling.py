@@ -1,0 +1,207 @@
+"""Tile: propose candidate tilings of a fused kernel, best first, by a simple cost model.
+
+The parameter space per kernel (see :mod:`ascendc_pack.codegen` for the schedules):
+
+* ``row``   - block_dim, rows per task (``rpt``), OpenMP schedule, vector lanes;
+* ``split`` - block_dim, lanes, store tile (split one row's inner range across threads; the
+              reductions combine partials through a workspace of ``64 B x block_dim`` each);
+* ``col``   - block_dim, tile of rows vectorized together (``tx``), for outer-axis reductions.
+
+The cost model estimates microseconds from bytes moved (with a cache-fit bandwidth), the
+arithmetic per element, per-task and per-barrier overheads and load imbalance. It only ranks;
+PGO measures. At most 10 distinct candidates are kept, then trimmed to ``topn``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .candidate import Candidate
+from .codegen import Layout
+from .ops import STORAGE_TYPE
+
+MAX_CANDIDATES = 10
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the cost model knows about the machine."""
+
+    cores: int
+    l2_bytes: int = 1 << 20
+    mem_gbps_per_core: float = 12.0
+    cache_gbps_per_core: float = 60.0
+    task_overhead_us: float = 0.05
+    parallel_overhead_us: float = 2.0
+    barrier_us: float = 0.6
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """A candidate's parameters, its candidate triple, and its estimated cost."""
+
+    params: dict
+    candidate: Candidate
+    est_us: float
+
+
+def _bytes(spec: dict) -> int:
+    size = {"uint16_t": 2, "uint8_t": 1, "int8_t": 1, "int16_t": 2, "int32_t": 4, "float": 4,
+            "double": 8, "int64_t": 8}
+    total = 0
+    for n in spec["nodes"]:
+        if n["kind"] == "load":
+            elems = math.prod(s for s, st in zip(spec["axes"], n["strides"]) if st != 0)
+            total += elems * size[STORAGE_TYPE[n["dtype"]]]
+    for o in spec["outputs"]:
+        total += math.prod(o["shape"]) * size[STORAGE_TYPE[o["dtype"]]]
+    return total
+
+
+def _flops_per_element(spec: dict) -> float:
+    heavy = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "pow", "sin", "cos"}
+    cost = 0.0
+    for n in spec["nodes"]:
+        if n["kind"] == "op":
+            cost += 8.0 if n["op"] in heavy else 1.0
+        elif n["kind"] == "reduce":
+            cost += 1.0
+    return cost
+
+
+def repr_of(params: dict) -> str:
+    """Canonical tiling_repr: sorted ``key=value`` pairs joined by ``;``."""
+    return ";".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def _passes(spec: dict) -> int:
+    stages = {}
+    for n in spec["nodes"]:
+        if n["kind"] == "reduce":
+            a = n["args"][0]
+            stages[n["id"]] = 1 + max((stages.get(x, 0) for x in _deps(spec, a)), default=0)
+    has_full_out = True
+    return max(stages.values(), default=0) + (1 if has_full_out else 0)
+
+
+def _deps(spec, nid):
+    seen, stack, out = set(), [nid], []
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        n = spec["nodes"][k]
+        if n["kind"] == "reduce":
+            out.append(k)
+        else:
+            stack.extend(n.get("args", []))
+    return out
+
+
+def estimate_us(spec: dict, params: dict, target: Target) -> float:
+    """Rank-only estimate of a candidate's time in microseconds."""
+    layout = Layout.of(spec)
+    rows = math.prod(spec["axes"][a] for a in layout.outer)
+    inner = math.prod(spec["axes"][a] for a in layout.inner)
+    n_red = sum(1 for n in spec["nodes"] if n["kind"] == "reduce")
+    bd = params["bd"]
+    nbytes = _bytes(spec)
+    passes = max(1, _passes(spec))
+    working_set = nbytes / max(rows, 1) * (params.get("rpt", 1))
+    # re-reads of a row across passes hit cache when a row fits in L2
+    reread = nbytes * (passes - 1) / max(passes, 1)
+    bw = target.mem_gbps_per_core * bd ** 0.8 * 1e3  # bytes per us
+    cache_bw = target.cache_gbps_per_core * bd * 1e3
+    t = nbytes / bw + (reread / cache_bw if working_set < target.l2_bytes else reread / bw)
+    elems = rows * inner
+    lanes = params.get("lanes", 16)
+    sched = params["sched"]
+    if sched == "col":
+        vec_eff = min(1.0, params["tx"] / 16)
+        t += elems * _flops_per_element(spec) / (2.0e3 * 16 * vec_eff * bd)
+    else:
+        tail = (inner % lanes) / max(inner, 1)
+        vec_eff = max(0.15, min(1.0, inner / (4 * lanes)) * (1 - tail * 0.5))
+        t += elems * _flops_per_element(spec) / (2.0e3 * lanes * vec_eff * bd)
+    if bd > 1:
+        t += target.parallel_overhead_us
+    if sched == "row":
+        tasks = math.ceil(rows / params["rpt"])
+        per_thread = math.ceil(tasks / bd)
+        imbalance = per_thread * bd / max(tasks, 1)
+        t = t * imbalance + per_thread * target.task_overhead_us
+        if params["omp"] == "dynamic":
+            t += tasks * target.task_overhead_us * 0.5
+        if tasks < bd:
+            t *= bd / max(tasks, 1)
+    elif sched == "split":
+        t += rows * (n_red * passes * target.barrier_us + 0.05)
+        if inner < 4096 * bd:
+            t += rows * target.barrier_us
+    elif sched == "col":
+        tasks = math.ceil(rows / params["tx"])
+        per_thread = math.ceil(tasks / bd)
+        t = t * per_thread * bd / max(tasks, 1) + per_thread * target.task_overhead_us
+        # strided access along the reduce axis: good only when rows are contiguous
+        if not _rows_contiguous(spec, layout):
+            t *= 4
+    return t
+
+
+def _rows_contiguous(spec, layout) -> bool:
+    if len(layout.outer) != 1:
+        return False
+    a = layout.outer[0]
+    strides = [n["strides"][a] for n in spec["nodes"] if n["kind"] == "load" and n["strides"][a] != 0]
+    return bool(strides) and min(strides) == 1
+
+
+def _space(spec: dict, cores: int) -> list[dict]:
+    layout = Layout.of(spec)
+    rows = math.prod(spec["axes"][a] for a in layout.outer)
+    inner = math.prod(spec["axes"][a] for a in layout.inner)
+    has_red = bool(spec["reduce_axes"])
+    bds = sorted({1, cores} | ({max(1, cores // 2)} if cores >= 4 else set()))
+    out = []
+    for bd in bds:
+        for lanes in (8, 16):
+            if rows >= 1:
+                for rpt in (1, 4, 16, 64):
+                    if (rpt > 1 and rpt * bd > rows) or (bd > 1 and rows == 1):
+                        continue
+                    for omp in ("static", "dynamic"):
+                        out.append({"sched": "row", "bd": bd, "rpt": rpt, "omp": omp, "lanes": lanes})
+            if rows < 8 * bd or inner >= 8192:
+                for tile in ((4096, 32768) if not has_red else (4096,)):
+                    out.append({"sched": "split", "bd": bd, "lanes": lanes, "tile": tile})
+        if has_red and len(layout.outer) == 1 and rows >= 16:
+            for tx in (16, 64, 256):
+                if tx <= rows * 2:
+                    out.append({"sched": "col", "bd": bd, "tx": tx, "lanes": 16})
+    return out
+
+
+def propose(spec: dict, target: Target, topn: int) -> list[Tiling]:
+    """Candidate tilings, best (lowest estimate) first, at most ``min(topn, 10)``."""
+    n_red = sum(1 for n in spec["nodes"] if n["kind"] == "reduce")
+    scored, seen = [], set()
+    for params in _space(spec, target.cores):
+        workspace = 64 * params["bd"] * n_red if params["sched"] == "split" else 0
+        cand = Candidate(repr_of(params), workspace, params["bd"])
+        if cand.kernel_key in seen:
+            continue
+        seen.add(cand.kernel_key)
+        scored.append(Tiling(params, cand, estimate_us(spec, params, target)))
+    scored.sort(key=lambda t: (t.est_us, t.candidate.tiling_repr))
+    # keep the ranking diverse: the best of each schedule makes the cut before near-duplicates
+    best, rest, scheds = [], [], set()
+    for t in scored:
+        key = (t.params["sched"], t.params["bd"])
+        (rest if key in scheds else best).append(t)
+        scheds.add(key)
+    ranked = sorted(best, key=lambda t: t.est_us) + rest
+    top = ranked[:MAX_CANDIDATES]
+    top.sort(key=lambda t: (t.est_us, t.candidate.tiling_repr))
+    return top[:max(1, min(topn, MAX_CANDIDATES))]

@@ -1,0 +1,143 @@
+"""Load static kernel libraries (DESIGN 4.5) and launch them on torch tensors via ctypes.
+
+A kernel library describes itself (``ap_kernel_describe``); :class:`KernelLibrary` checks the
+description against what the caller expects before the kernel is ever launched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import torch
+
+KERNEL_ABI_VERSION = 1
+
+_DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+class KernelLoadError(RuntimeError):
+    """A kernel library is missing, lacks the ABI, or is not the file that was promised."""
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("name", ctypes.c_char_p),
+                ("kernel_key", ctypes.c_char_p), ("tiling_repr", ctypes.c_char_p),
+                ("workspace", ctypes.c_int64), ("block_dim", ctypes.c_int32), ("isa", ctypes.c_char_p),
+                ("n_inputs", ctypes.c_int32), ("n_outputs", ctypes.c_int32)]
+
+
+class KernelLibrary:
+    """One loaded candidate library.
+
+    Args:
+        path: the ``kernel.so``.
+        expected_key: if given, the library's ``kernel_key`` must equal it.
+    """
+
+    def __init__(self, path: str | Path, expected_key: str | None = None):
+        self.path = Path(path)
+        try:
+            self._lib = ctypes.CDLL(str(self.path), mode=getattr(ctypes, "RTLD_LOCAL", 0))
+        except OSError as exc:
+            raise KernelLoadError(f"cannot load kernel library {self.path}: {exc}") from exc
+        try:
+            describe = self._lib.ap_kernel_describe
+            self._launch = self._lib.ap_kernel_launch
+        except AttributeError as exc:
+            raise KernelLoadError(f"{self.path} is not an ascendc-pack kernel (no ABI symbols)") from exc
+        describe.restype = ctypes.POINTER(_Info)
+        info = describe().contents
+        self.info = {
+            "abi_version": info.abi_version, "name": info.name.decode(),
+            "kernel_key": info.kernel_key.decode(), "tiling_repr": info.tiling_repr.decode(),
+            "workspace": info.workspace, "block_dim": info.block_dim, "isa": info.isa.decode(),
+            "n_inputs": info.n_inputs, "n_outputs": info.n_outputs,
+        }
+        if self.info["abi_version"] != KERNEL_ABI_VERSION:
+            raise KernelLoadError(f"{self.path}: kernel ABI {self.info['abi_version']}, this runtime "
+                                  f"speaks {KERNEL_ABI_VERSION}; rebuild the bundle with a matching version")
+        if expected_key is not None and self.info["kernel_key"] != expected_key:
+            raise KernelLoadError(f"{self.path}: kernel_key {self.info['kernel_key']} is not the expected "
+                                  f"{expected_key}; the file was replaced or the cache is corrupt")
+        self._launch.restype = ctypes.c_int
+        self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+        self.workspace = self.info["workspace"]
+        self._ptr_in = ctypes.c_void_p * max(1, self.info["n_inputs"])
+        self._ptr_out = ctypes.c_void_p * max(1, self.info["n_outputs"])
+
+    @property
+    def kernel_key(self) -> str:
+        return self.info["kernel_key"]
+
+    def launch(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+               workspace: torch.Tensor | None = None, max_threads: int = 0) -> int:
+        """Run the kernel; returns the kernel's status (0 = success)."""
+        ins = self._ptr_in(*[t.data_ptr() for t in inputs])
+        outs = self._ptr_out(*[t.data_ptr() for t in outputs])
+        ws = workspace.data_ptr() if workspace is not None else None
+        return self._launch(ins, outs, ws, max_threads)
+
+
+class FusedKernel:
+    """A kernel library plus its spec: checks inputs, allocates outputs, launches.
+
+    Inputs whose strides differ from those the kernel was compiled for are copied into the
+    expected layout first (the kernel indexes memory with strides baked in).
+    """
+
+    def __init__(self, spec: dict, library: KernelLibrary):
+        self.spec = spec
+        self.lib = library
+        self.out_specs = [(tuple(o["shape"]), _DTYPES[o["dtype"]]) for o in spec["outputs"]]
+        self.in_strides = [tuple(i["stride"]) for i in spec["inputs"]]
+        self._workspace = torch.empty(library.workspace, dtype=torch.uint8) if library.workspace else None
+
+    def allocate_outputs(self) -> list[torch.Tensor]:
+        return [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_specs]
+
+    def prepare_inputs(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Inputs in the layout the kernel expects (a copy only when strides differ)."""
+        ready = []
+        for t, stride, spec in zip(inputs, self.in_strides, self.spec["inputs"]):
+            if tuple(t.shape) != tuple(spec["shape"]) or t.dtype != _DTYPES[spec["dtype"]]:
+                raise ValueError(f"kernel {self.spec['name']}: input {spec['name']} is "
+                                 f"{t.dtype}{list(t.shape)}, expected {spec['dtype']}{spec['shape']}")
+            if _significant(t.stride(), t.shape) != _significant(stride, t.shape):
+                t = _relayout(t, stride)
+                if _significant(t.stride(), t.shape) != _significant(stride, t.shape):
+                    raise ValueError(f"kernel {self.spec['name']}: input {spec['name']} has strides "
+                                     f"{t.stride()} and cannot be laid out as {stride}")
+            ready.append(t)
+        return ready
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None,
+                 max_threads: int = 0) -> list[torch.Tensor]:
+        ins = self.prepare_inputs(inputs)
+        outs = self.allocate_outputs() if outputs is None else outputs
+        rc = self.lib.launch(ins, outs, self._workspace, max_threads)
+        if rc != 0:
+            raise RuntimeError(f"kernel {self.spec['name']} ({self.lib.kernel_key}) failed with status {rc}")
+        return outs
+
+
+def _significant(stride, shape) -> tuple:
+    """Strides that matter (dims of size 1 can have any stride)."""
+    return tuple(s if n != 1 else 0 for s, n in zip(stride, shape))
+
+
+def _relayout(t: torch.Tensor, stride) -> torch.Tensor:
+    if any(s == 0 for s, n in zip(stride, t.shape) if n != 1):
+        # broadcast (expanded) layout: materialize the distinct elements, then expand
+        base_shape = [1 if (s == 0 and n != 1) else n for s, n in zip(stride, t.shape)]
+        index = tuple(slice(0, 1) if b == 1 and n != 1 else slice(None) for b, n in zip(base_shape, t.shape))
+        compact = t[index].contiguous()
+        return compact.expand(t.shape) if math.prod(base_shape) else compact
+    out = torch.empty_strided(tuple(t.shape), tuple(stride), dtype=t.dtype)
+    out.copy_(t)
+    return out
