@@ -12,9 +12,10 @@ __version__ = "0.1.0"
 from .capture import Captured, capture  # noqa: E402
 from .errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402
 from .loader import LoadedModel, load_model_file  # noqa: E402
+from .pipeline import BuildResult, build, build_file, compile  # noqa: E402
 from .program import ModelProgram, Program  # noqa: E402
 
 __all__ = [
-    "__version__", "capture", "Captured", "load_model_file", "LoadedModel", "ModelProgram",
+    "__version__", "build", "build_file", "compile", "BuildResult", "capture", "Captured", "load_model_file", "LoadedModel", "ModelProgram",
     "Program", "PackError", "ModelFileError", "ConfigError", "CaptureError", "CompileError",
 ]

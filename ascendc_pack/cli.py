@@ -54,3 +54,31 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
                 click.echo(report, err=as_json)
     except PackError as exc:
         _fail(exc)
+
+
+@main.command()
+@click.argument("model_file", type=str)
+@click.option("--topn", default=None, help="Candidates per fused kernel, 1-10 (env TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN; default 1 = no PGO).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Bundle path (default: <model name>.ascpack).")
+@click.option("--cores", default=None, help="Core limit: every kernel's block_dim <= N (default: all cores).")
+@click.option("--cache-dir", default=None, help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
+@click.option("--jobs", default=None, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
+@click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
+@click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
+def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
+    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle."""
+    from .pipeline import build_file
+
+    try:
+        t0 = time.perf_counter()
+        result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
+                            jobs=jobs, march=march, debug=debug, progress=True)
+    except PackError as exc:
+        _fail(exc)
+        return
+    click.echo(result.summary())
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+    size = result.output.stat().st_size
+    click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
+               f"{result.kernels_compiled} candidate compiles, {result.kernels_profiled} kernels profiled")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .codegen import TEMPLATE_VERSION, render_kernel
-from .compile import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
 from .config import BuildConfig
 from .program import FusedStep, Program
 from .tiling import Target, Tiling, propose

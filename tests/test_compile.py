@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ascendc_pack import compile as comp
+from ascendc_pack import compiler as comp
 from ascendc_pack.cache import (KernelDir, LockTimeoutError, atomic_write_bytes, atomic_write_text,
                                 kernel_lock, stable_hash)
 from ascendc_pack.candidate import Candidate
-from ascendc_pack.compile import (CandidateSource, KernelBuild, KernelLibraryError, compile_kernels,
+from ascendc_pack.compiler import (CandidateSource, KernelBuild, KernelLibraryError, compile_kernels,
                                   describe_library)
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import CompileError, ConfigError
@@ -315,7 +315,7 @@ def test_debug_mode_writes_sources_and_commands(tmp_path, monkeypatch):
 CHILD = textwrap.dedent("""\
     import json, sys, time
     from pathlib import Path
-    from ascendc_pack import compile as comp
+    from ascendc_pack import compiler as comp
     from ascendc_pack.candidate import Candidate
     from ascendc_pack.config import BuildConfig
     spec = json.loads(Path(sys.argv[1]).read_text())

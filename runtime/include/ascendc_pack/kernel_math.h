@@ -13,13 +13,13 @@
 // -march=native with FMA; in parentheses: -march=x86-64, no FMA), and vs torch 2.13 eager float32
 // on the sweeps of tests/test_kernel_math.py. ulp = 2^(exponent(ref)-23), 2^-149 for subnormals.
 // No input gives a NaN/inf/signed-zero mismatch with the reference.
-//   ap_exp      1.01 ulp (PORT_exp)      vs torch 1 ulp   subnormal results kept (gradual underflow)
-//   ap_expm1    1.44 ulp (PORT_expm1)    vs torch 1 ulp
-//   ap_log      0.76 ulp (PORT_log)      vs torch 1 ulp   subnormal inputs handled
-//   ap_log1p    1.44 ulp (PORT_log1p)    vs torch 1 ulp
-//   ap_tanh     1.33 ulp (PORT_tanh)     vs torch 1 ulp
-//   ap_sigmoid  1.97 ulp (PORT_sigmoid)  vs torch 3 ulp (torch's own 1/(1+exp(-x)) is ~2 ulp off)
-//   ap_erf      1.02 ulp, 6.1e-8 abs (PORT_erf)  vs torch 1 ulp / 6e-8 abs
+//   ap_exp      1.01 ulp (0.99 no FMA) vs torch 1 ulp   subnormal results kept (gradual underflow)
+//   ap_expm1    1.44 ulp (1.57 no FMA) vs torch 1 ulp
+//   ap_log      0.76 ulp (0.84 no FMA) vs torch 1 ulp   subnormal inputs handled
+//   ap_log1p    1.44 ulp (1.44 no FMA) vs torch 1 ulp
+//   ap_tanh     1.33 ulp (1.33 no FMA) vs torch 1 ulp
+//   ap_sigmoid  1.97 ulp (1.97 no FMA) vs torch 3 ulp (torch's own 1/(1+exp(-x)) is ~2 ulp off)
+//   ap_erf      1.02 ulp, 6.1e-8 abs (1.13 ulp, 6.7e-8 no FMA) vs torch 1 ulp / 6e-8 abs
 //   conversions, ap_nearbyint: bit-exact vs torch (NaN payloads: see the functions).
 #ifndef ASCENDC_PACK_KERNEL_MATH_H
 #define ASCENDC_PACK_KERNEL_MATH_H

@@ -1,0 +1,161 @@
+"""PGO candidate selection: time every candidate on the kernel's real arguments (DESIGN 4.4).
+
+The protocol (``Protocol``): warm every candidate up, then measure in interleaved rounds (each
+round runs every live candidate once, starting at a rotating index so no candidate always runs
+first); each sample times ``number`` back-to-back launches, calibrated so a sample lasts at
+least ``min_sample_us``. After ``min_rounds`` the medians decide, unless the best two are
+within ``noise`` of each other: then rounds go on up to ``max_rounds`` or ``time_cap_s``.
+Ties keep the lower index. A candidate whose launch raises is recorded as failed and never
+chosen; if all fail, :class:`AutotuneError` is raised.
+
+``select`` takes a ``measure(index, number) -> seconds`` callable, so the logic is tested with
+an injected fake timer; :func:`kernel_measure` builds the real one for a compiled kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from .errors import PackError
+
+log = logging.getLogger("ascendc_pack")
+
+
+class AutotuneError(PackError):
+    """Every candidate of a kernel failed, so nothing can be chosen."""
+
+
+class CandidateFailed(Exception):
+    """Raised by a measure function when a candidate crashes or returns a non-zero status."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How candidates are timed (recorded in tuning.json)."""
+
+    warmup: int = 2
+    min_rounds: int = 7
+    max_rounds: int = 41
+    noise: float = 0.02            # relative gap under which the best two count as tied
+    time_cap_s: float = 1.5
+    min_sample_us: float = 200.0   # a sample repeats the launch until it lasts this long
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Selection:
+    """Result of one selection: the winner, each candidate's samples (us) and errors."""
+
+    best: int
+    samples_us: list[list[float]]
+    errors: list[str | None]
+    rounds: int
+    number: int = 1
+    medians_us: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class AutotuneStats:
+    """Process-wide counter: how many kernels were profiled (tests assert warm cache -> 0)."""
+
+    kernels_profiled: int = 0
+
+
+STATS = AutotuneStats()
+
+Measure = Callable[[int, int], float]  # (candidate index, launches) -> seconds for all launches
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
+           clock: Callable[[], float] = time.perf_counter) -> Selection:
+    """Choose the fastest of ``n`` candidates by the protocol above."""
+    errors: list[str | None] = [None] * n
+    samples: list[list[float]] = [[] for _ in range(n)]
+    live = list(range(n))
+
+    def run(i: int, number: int) -> float | None:
+        try:
+            return measure(i, number)
+        except CandidateFailed as exc:
+            errors[i] = str(exc)
+        except Exception as exc:  # a crash in one candidate must not stop the build
+            errors[i] = f"{type(exc).__name__}: {exc}"
+        live.remove(i)
+        return None
+
+    for i in list(live):  # warm-up, and calibration of launches per sample
+        for _ in range(protocol.warmup):
+            if run(i, 1) is None:
+                break
+    if not live:
+        raise AutotuneError("every candidate failed: " + "; ".join(f"#{i}: {e}" for i, e in enumerate(errors)))
+    probe = [run(i, 1) for i in list(live)]
+    per_call = max((p for p in probe if p is not None), default=0.0)
+    number = max(1, min(1000, int(protocol.min_sample_us * 1e-6 / max(per_call, 1e-9)) + 1))
+    start = clock()
+    rounds = 0
+    while live:
+        rounds += 1
+        order = live[rounds % len(live):] + live[:rounds % len(live)]
+        for i in order:
+            t = run(i, number)
+            if t is not None:
+                samples[i].append(t / number * 1e6)
+        if not live:
+            break
+        if rounds < protocol.min_rounds:
+            continue
+        ranked = sorted(live, key=lambda i: (_median(samples[i]), i))
+        if len(ranked) < 2 or rounds >= protocol.max_rounds or clock() - start > protocol.time_cap_s:
+            break
+        a, b = _median(samples[ranked[0]]), _median(samples[ranked[1]])
+        if b - a > protocol.noise * a:
+            break  # a clear winner
+    if not live:
+        raise AutotuneError("every candidate failed: " + "; ".join(f"#{i}: {e}" for i, e in enumerate(errors)))
+    medians = [(_median(s) if s and errors[i] is None else None) for i, s in enumerate(samples)]
+    best = min(live, key=lambda i: (medians[i], i))
+    return Selection(best=best, samples_us=samples, errors=errors, rounds=rounds, number=number,
+                     medians_us=medians)
+
+
+def kernel_measure(kernels: list, args: list[torch.Tensor]) -> Measure:
+    """A measure function for compiled candidates (``FusedKernel`` objects, None = failed).
+
+    The kernels read their inputs and write only into their own output buffers, never into the
+    caller's tensors; inputs are still snapshotted and restored around every timed call so a
+    kernel that misbehaved could not leak a change into the user's data.
+    """
+    inputs = [k.prepare_inputs(list(args)) if k is not None else None for k in kernels]
+    snapshots = [a.clone() for a in args]
+    outputs = [k.allocate_outputs() if k is not None else None for k in kernels]
+
+    def measure(i: int, number: int) -> float:
+        k = kernels[i]
+        if k is None:
+            raise CandidateFailed("did not compile")
+        t0 = time.perf_counter()
+        for _ in range(number):
+            rc = k.lib.launch(inputs[i], outputs[i], k._workspace)
+            if rc != 0:
+                raise CandidateFailed(f"returned status {rc}")
+        elapsed = time.perf_counter() - t0
+        for a, s in zip(args, snapshots):
+            if not torch.equal(a, s):
+                a.copy_(s)
+                raise CandidateFailed("wrote into its input tensor")
+        return elapsed
+
+    return measure

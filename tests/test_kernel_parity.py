@@ -1,0 +1,401 @@
+"""Parity suite: every op family the fuser supports, run through fusion and EVERY candidate kernel.
+
+Each case captures a small function, fuses it, compiles all tiling candidates of every fused
+kernel (``topn=10``; a kernel has at most 10) and runs each of them on the arguments the kernel
+gets in a real run. Every candidate's outputs must match the kernel's reference ATen steps, and
+the whole program (run with the kernels) must match eager PyTorch.
+
+Tolerances (absolute and relative, ``torch.allclose`` with ``equal_nan=True``; see
+``tests/kernel_check.py``):
+
+* float32: 2e-5 (kernels compute in float32; transcendental functions are within ~2 ulp)
+* float16: 2e-3, bfloat16: 1.6e-2 (kernels compute in float32 and round where the graph rounds)
+* integer and bool results: exact
+
+Cases mostly apply many ops of one family in one function, so they fuse into one kernel with
+several outputs and a single set of compiles covers the family. Shapes cover broadcasts,
+permuted, sliced and selected inputs, sizes that are not a multiple of 16 (37, 1001, 100003),
+size-1 dims, 0-d tensors and rows from 1 to 100k elements. Inputs include -inf, NaN and
+denormals where the op is defined on them. Compiled kernels are cached per identical kernel in one
+module-wide cache directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.kernel_check import check_all_candidates
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+I32, I64, BOOL = torch.int32, torch.int64, torch.bool
+FLOATS = [F32, F16, BF16]
+SHORT = {F32: "f32", F16: "f16", BF16: "bf16", I32: "i32", I64: "i64", BOOL: "b8"}
+
+_G = torch.Generator().manual_seed(20240611)
+
+
+def randn(*shape, dtype=F32, scale=1.0, offset=0.0):
+    return (torch.randn(shape, generator=_G) * scale + offset).to(dtype)
+
+
+def rand(*shape, lo=0.0, hi=1.0, dtype=F32):
+    return (torch.rand(shape, generator=_G) * (hi - lo) + lo).to(dtype)
+
+
+def randint(*shape, lo=-9, hi=10, dtype=I64):
+    return torch.randint(lo, hi, shape, generator=_G).to(dtype)
+
+
+def mask(*shape, p=0.5):
+    return torch.rand(shape, generator=_G) < p
+
+
+SPECIALS = [float("-inf"), float("inf"), float("nan"), 0.0, -0.0, 1e-40, -1e-40, 3e-39, 1e-45,
+            88.8, -88.8, 100.0, -104.5, 1e-20, -1e-20, 0.5, -0.5, 1.0, -1.0, 2.5, -2.5, 70000.0]
+
+
+def special(*shape, dtype=F32, scale=3.0):
+    """Random values with -inf, inf, NaN, signed zeros and denormals scattered in."""
+    t = torch.randn(shape, generator=_G) * scale
+    flat = t.view(-1)
+    idx = torch.randperm(flat.numel(), generator=_G)[:len(SPECIALS)]
+    flat[idx] = torch.tensor(SPECIALS[:len(idx)])
+    return t.to(dtype)
+
+
+@dataclass
+class Case:
+    id: str
+    fn: object
+    inputs: list
+    fused: bool | int = True
+    atol: float | None = None
+    rtol: float | None = None
+
+
+CASES: list[Case] = []
+
+
+def case(id, fn, *inputs, fused=True, atol=None, rtol=None):
+    CASES.append(Case(id, fn, list(inputs), fused, atol, rtol))
+
+
+# ---------------------------------------------------------------------------------- pointwise
+
+
+def arith(x, y):
+    return (x + y, torch.sub(x, y, alpha=2), x * y, x / y, torch.div(x, y, rounding_mode="trunc"),
+            torch.div(x, y, rounding_mode="floor"), -x, torch.maximum(x, y), torch.minimum(x, y),
+            x + 2.5, 3 - x, x * 0.5, x / 3, torch.sub(x, 1.5, alpha=2))
+
+
+# same shapes, every float dtype
+for dt in FLOATS:
+    case(f"arith-{SHORT[dt]}-37x1001", arith, randn(37, 1001, dtype=dt), randn(37, 1001, dtype=dt))
+    # broadcasting both ways, size-1 dims
+    case(f"arith-{SHORT[dt]}-bcast", arith, randn(5, 1, 37, dtype=dt), randn(3, 1, dtype=dt))
+# floor division edge cases: a // b where fmod-based rounding and floor(a/b) disagree
+_a = torch.tensor([1.0, -1.0, 1.0, -1.0, 7.0, -7.0, 0.0, -0.0, 5.0, 1.0, 0.3, -0.3, 6.0, 1e30, 2.0, 0.0])
+_b = torch.tensor([0.1, 0.1, -0.1, -0.1, 0.7, 0.7, 3.0, 3.0, 0.0, float("inf"), 0.1, 0.1, 0.2, 3e-9, -0.0, 0.0])
+case("arith-f32-div-edges", arith, _a, _b)
+case("arith-f32-0d", arith, randn(), randn())
+case("arith-f32-0d-bcast", arith, randn(), randn(4, 19))
+case("arith-f32-unit-dims", arith, randn(1, 37, 1), randn(1, 1, 1))
+case("arith-f32-permuted", lambda x, y: arith(x.permute(1, 0), y), randn(40, 33), randn(33, 40))
+case("arith-f32-transposed-3d", lambda x, y: arith(x.transpose(0, 2), y), randn(5, 3, 17), randn(17, 3, 5))
+case("arith-f32-sliced", lambda x, y: arith(x[2:, 1:61:3], y[::2]), randn(9, 70), randn(14, 20))
+case("arith-f32-selected", lambda x, y: arith(x[:, 3], y.select(0, 1)), randn(23, 7), randn(3, 23))
+case("arith-f32-specials", arith, special(19, 37), special(19, 37))
+case("arith-f32-big-row", arith, randn(2, 100003), randn(1, 100003))
+
+
+def int_arith(a, b):
+    return (a + b, a - b, torch.sub(a, b, alpha=3), a * b, -a, torch.abs(a), torch.maximum(a, b),
+            torch.minimum(a, b), a + 3, a * 2, 5 - a, a / b, a / 2, a > b, a == b, a != 3, a >= 0,
+            torch.where(a > b, a, b), torch.clamp(a, -3, 4), torch.sign(a), a.pow(2), a ** 3,
+            torch.bitwise_and(a, b), torch.bitwise_or(a, b), torch.bitwise_xor(a, b), ~a)
+
+
+def nonzero_int(*shape, dtype):
+    t = randint(*shape, dtype=dtype)
+    return torch.where(t == 0, torch.ones_like(t), t)
+
+
+for dt in (I32, I64):
+    case(f"int-arith-{SHORT[dt]}", int_arith, randint(9, 37, dtype=dt), nonzero_int(9, 37, dtype=dt))
+case("int-arith-mixed-i32-i64", int_arith, randint(9, 37, dtype=I32), nonzero_int(37, dtype=I64))
+case("int-float-mixed", lambda a, x: (a + x, a * 0.5, x * a, a > x, a + 1.5, a / 4),
+     randint(9, 37, dtype=I32), randn(9, 37))
+# integer floor / trunc division are not fusible (C integer division differs); they fall back
+case("int-div-modes-fallback", lambda a, b: (torch.div(a, b, rounding_mode="floor") + 1,
+                                             torch.div(a, b, rounding_mode="trunc") * 2),
+     randint(9, 37), nonzero_int(9, 37, dtype=I64))
+
+
+def unary(x):
+    return (torch.exp(x), torch.log(x), torch.log1p(x), torch.expm1(x), torch.sqrt(x), torch.rsqrt(x),
+            torch.reciprocal(x), torch.tanh(x), torch.sigmoid(x), torch.erf(x), torch.abs(x), -x,
+            torch.sign(x), torch.floor(x), torch.ceil(x), torch.round(x), torch.trunc(x), torch.relu(x))
+
+
+for dt in FLOATS:
+    case(f"unary-{SHORT[dt]}", unary, special(33, 129, dtype=dt))
+case("unary-f32-positive", unary, rand(7, 1001, lo=1e-3, hi=30.0))
+case("unary-f32-big-row", unary, randn(1, 100003, scale=4.0))
+
+
+def activations(x):
+    return (F.gelu(x), F.gelu(x, approximate="tanh"), F.silu(x), F.relu(x), torch.sigmoid(x),
+            torch.tanh(x), F.softplus(x), F.leaky_relu(x, 0.1), F.hardtanh(x), F.elu(x))
+
+
+for dt in FLOATS:
+    case(f"activations-{SHORT[dt]}", activations, randn(13, 257, dtype=dt, scale=3.0))
+case("activations-f32-specials", activations, special(17, 61))
+
+
+def pow_ops(x, y):
+    return (x ** 2, x ** 3, x ** 0.5, x ** -1, x ** 2.5, torch.pow(x, y), torch.pow(2.0, y),
+            torch.pow(x, 0), x ** -0.5, torch.pow(x, -2))
+
+
+for dt in FLOATS:
+    case(f"pow-{SHORT[dt]}", pow_ops, rand(11, 67, lo=0.1, hi=3.0, dtype=dt), randn(11, 67, dtype=dt))
+case("pow-f32-negative-base", pow_ops, randn(11, 67), randint(11, 67, lo=-3, hi=4).float())
+case("pow-f32-specials", pow_ops, special(11, 67), special(11, 67))
+
+
+def clamp_where(x, y, m):
+    return (torch.clamp(x, min=-0.5), torch.clamp(x, max=0.5), torch.clamp(x, -0.5, 0.5),
+            torch.clamp_min(x, 0.25), torch.clamp_max(x, 0.25), torch.where(m, x, y),
+            torch.where(x > 0, x, 0.0), torch.where(m, 1.0, y), x.masked_fill(m, float("-inf")),
+            torch.sign(x), torch.floor(x * 3), torch.ceil(x * 3), torch.round(x * 3), torch.trunc(x * 3))
+
+
+for dt in FLOATS:
+    case(f"clamp-where-{SHORT[dt]}", clamp_where, randn(23, 47, dtype=dt), randn(23, 47, dtype=dt), mask(23, 47))
+case("clamp-where-f32-bcast", clamp_where, special(6, 1, 45), randn(45), mask(6, 7, 1))
+case("clamp-tensor-bounds", lambda x, lo, hi: torch.clamp(x, lo, hi) * 2, randn(9, 33), randn(33) - 1,
+     randn(9, 1) + 1, fused=True)
+# round half to even (torch.round) at exact .5 values
+case("round-half-even", lambda x: (torch.round(x), torch.round(x * 2)),
+     torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 8388609.0, -0.0, 3.5]))
+
+
+def comparisons(x, y):
+    return (x == y, x != y, x < y, x <= y, x > y, x >= y, x == 0.5, x != 0.5, x < 0, x <= 0.25,
+            x > -0.25, x >= 1, torch.eq(x, y.round()), torch.isnan(x), torch.isinf(x))
+
+
+for dt in FLOATS:
+    xx = randn(19, 53, dtype=dt)
+    yy = torch.where(mask(19, 53, p=0.3), xx, randn(19, 53, dtype=dt))  # some exactly equal
+    case(f"compare-{SHORT[dt]}", comparisons, xx, yy)
+case("compare-f32-specials", comparisons, special(19, 53), special(19, 53))
+case("compare-f32-bcast", comparisons, randn(7, 1, 29), randn(5, 1).round())
+
+
+def logical(a, b):
+    return (a & b, a | b, a ^ b, ~a, torch.logical_and(a, b), torch.logical_or(a, b),
+            torch.logical_xor(a, b), torch.logical_not(b), (a & b) | ~a, torch.where(a, b, ~b))
+
+
+case("logical-bool", logical, mask(5, 40), mask(5, 40))
+case("logical-bool-bcast", logical, mask(5, 1, 33), mask(33))
+case("logical-from-float", lambda x, y: (torch.logical_and(x, y), torch.logical_or(x > 0, y),
+                                         torch.logical_xor(x, y < 0), torch.logical_not(x)),
+     torch.where(mask(9, 31), 0.0, randn(9, 31)), torch.where(mask(9, 31), 0.0, randn(9, 31)))
+case("logical-from-int", lambda a, b: (torch.logical_and(a, b), torch.logical_not(a), torch.logical_xor(a, b)),
+     randint(9, 31, lo=-1, hi=2), randint(9, 31, lo=-1, hi=2, dtype=I32))
+
+
+def casts_from_float(x):
+    return (x.half(), x.bfloat16(), x.float(), x.to(I32), x.to(I64), x.bool(),
+            x.half().float(), x.bfloat16().float(), x.half().bfloat16(), x.bfloat16().half())
+
+
+case("casts-f32", casts_from_float, randn(17, 61, scale=50.0))
+case("casts-f32-overflow-denormal", lambda x: (x.half(), x.bfloat16(), x.half().float(), x.bool()),
+     torch.tensor([70000.0, -70000.0, 65504.0, 65520.0, 65519.0, 1e-8, -1e-8, 6e-8, 3e-8, 1e-40, 3.4e38,
+                   float("inf"), float("-inf"), float("nan"), 0.0, -0.0]))
+case("casts-f16", casts_from_float, randn(17, 61, scale=50.0, dtype=F16))
+case("casts-bf16", casts_from_float, randn(17, 61, scale=50.0, dtype=BF16))
+
+
+def casts_from_int(a):
+    return (a.float(), a.half(), a.bfloat16(), a.to(I32), a.to(I64), a.bool(), a.bool().int(),
+            a.float() * 0.5, (a * 1000).half())
+
+
+case("casts-i32", casts_from_int, randint(17, 61, lo=-300, hi=300, dtype=I32))
+case("casts-i64", casts_from_int, randint(17, 61, lo=-300, hi=300, dtype=I64))
+case("casts-bool", lambda m: (m.float(), m.int(), m.long(), m.half(), m.bfloat16(), m.float() * 2 - 1,
+                              m + 1, m.long().sum(), m.sum(1)), mask(17, 61))
+
+
+# ---------------------------------------------------------------------------------- reductions
+
+
+def red_float(dim, keepdim):
+    def fn(x):
+        outs = [x.sum(dim, keepdim=keepdim), x.mean(dim, keepdim=keepdim),
+                x.var(dim, correction=0, keepdim=keepdim), x.var(dim, correction=1, keepdim=keepdim)]
+        v, m = torch.var_mean(x, dim, correction=1, keepdim=keepdim)
+        outs += [v, m]
+        if dim is None:
+            outs += [x.amax(), x.amin()]
+        else:
+            outs += [x.amax(dim, keepdim=keepdim), x.amin(dim, keepdim=keepdim)]
+        return tuple(outs)
+    return fn
+
+
+for dim_id, dim in (("inner", -1), ("outer", 0), ("middle", 1), ("all", None), ("outer-inner", (0, 2))):
+    for keepdim in (False, True):
+        if dim is None and keepdim:
+            continue
+        case(f"reduce-f32-{dim_id}-keep{int(keepdim)}", red_float(dim, keepdim), randn(6, 37, 29, offset=1.0))
+for dt in (F16, BF16):
+    for dim_id, dim in (("inner", -1), ("outer", 0)):
+        case(f"reduce-{SHORT[dt]}-{dim_id}", red_float(dim, False), randn(6, 37, 29, dtype=dt, offset=1.0))
+
+
+def red_prod(dim):
+    return lambda x: (x.prod(dim), x.prod(dim, keepdim=True) * 2) if dim is not None else x.prod()
+
+
+for dim_id, dim in (("inner", -1), ("outer", 0), ("middle", 1), ("all", None)):
+    case(f"prod-f32-{dim_id}", red_prod(dim), rand(5, 9, 7, lo=0.6, hi=1.5))
+case("prod-bf16-inner", red_prod(-1), rand(5, 9, 7, lo=0.6, hi=1.5, dtype=BF16))
+
+
+def red_int(dim):
+    def fn(a):
+        if dim is None:
+            return a.sum(), a.amax(), a.amin(), a.prod()
+        return (a.sum(dim), a.amax(dim), a.amin(dim), a.prod(dim), a.sum(dim, keepdim=True) + a)
+    return fn
+
+
+for dt in (I32, I64):
+    for dim_id, dim in (("inner", -1), ("outer", 0), ("all", None)):
+        case(f"reduce-{SHORT[dt]}-{dim_id}", red_int(dim), randint(7, 13, lo=-3, hi=4, dtype=dt))
+
+
+def red_bool(dim):
+    def fn(m):
+        if dim is None:
+            return m.any(), m.all(), m.sum()
+        return m.any(dim), m.all(dim), m.any(dim, keepdim=True), m.sum(dim)
+    return fn
+
+
+for dim_id, dim in (("inner", -1), ("outer", 0), ("all", None)):
+    case(f"any-all-{dim_id}", red_bool(dim), mask(6, 13, p=0.8))
+case("any-all-float-input", lambda x: (x.any(-1), x.all(-1), (x > 0).any(0)), torch.where(mask(6, 13), 0.0, randn(6, 13)))
+case("reduce-f32-specials", lambda x: (x.amax(-1), x.amin(-1), x.sum(-1), x.amax(0), torch.maximum(x, x.flip(0))),
+     special(8, 45), fused=2)
+case("reduce-f32-row-100k", lambda x: (x.sum(-1), x.amax(-1), x.mean(-1), x.var(-1)), randn(3, 100003))
+case("reduce-f32-row-1", lambda x: (x.sum(-1), x.amax(-1) + 1), randn(9, 1), fused=False)
+case("reduce-f32-rows-1e5-col", lambda x: x.sum(0), randn(100003, 2))
+case("reduce-f32-size1-dims", lambda x: (x.sum((0, 2)), x.mean(-1, keepdim=True)), randn(1, 37, 1))
+case("reduce-f32-sum-dtype", lambda x: (x.sum(-1, dtype=torch.float32), x.half().sum(-1, dtype=torch.float32)),
+     randn(9, 77))
+case("reduce-f32-permuted-input", lambda x: (x.permute(2, 0, 1).sum(-1), x.transpose(0, 1).amax(0)),
+     randn(6, 37, 29))
+case("reduce-f32-sliced-input", lambda x: (x[:, ::3].sum(-1), x[1::2].mean(0)), randn(10, 100))
+case("reduce-then-pointwise", lambda x, y: (x - x.amax(-1, keepdim=True)) * y + x.sum(-1, keepdim=True),
+     randn(16, 77), randn(77))
+
+
+# ---------------------------------------------------------------------------------- views
+
+
+case("view-reshape-input", lambda x, y: (x.view(6, 35) * y, x.reshape(3, 2, 35) + 1), randn(14, 15), randn(35))
+case("view-permute-expand", lambda x, y: x.permute(2, 0, 1) + y.expand(5, 7, 3), randn(7, 3, 5), randn(7, 1))
+case("view-unsqueeze-squeeze", lambda x, y: (x.unsqueeze(1) * y, x.unsqueeze(0).squeeze(0) - 1, y.squeeze(1) + 2),
+     randn(5, 13), randn(4, 1, 13))
+case("view-slice-step-select", lambda x: (x[1:, ::2] * 2, x[3, 5:40:7] + 1, x[..., -1] - 1, x[::3, 1::4].exp()),
+     randn(11, 43))
+case("view-clone-contiguous", lambda x: (x.t().contiguous() * 2, x.clone() + 1, x.t().clone()),
+     randn(19, 33))
+case("view-of-intermediate-dim-map", lambda x, y: ((x * 2).unsqueeze(1) + y, (x + 1).t() * 3),
+     randn(6, 21), randn(4, 21))
+case("view-of-intermediate-reshape", lambda x: ((x * 2).view(3, 14, 5) + 1).sum(-1), randn(6, 35), fused=True)
+case("view-of-intermediate-slice", lambda x: (x.exp()[:, 1::2] + 1, x.exp().sum()), randn(6, 35))
+case("view-expand-0d", lambda x, s: x * s.expand(4, 9) + s, randn(4, 9), randn())
+case("view-chain", lambda x: x.view(4, 6, 5).permute(2, 0, 1)[1:, ::2].unsqueeze(-1).expand(4, 2, 6, 3) * 2,
+     randn(24, 5))
+
+
+# ---------------------------------------------------------------------------------- constants
+
+
+case("const-full", lambda x: (torch.full((5, 37), 2.5) + x, torch.ones_like(x) * x, torch.zeros_like(x) - x,
+                              x * torch.tensor(3.0), torch.full_like(x, float("-inf")).maximum(x)), randn(5, 37))
+case("const-only-kernel", lambda x: (torch.full((3, 4), 1.5) * 2, x + 1), randn(3, 4), fused=True)
+case("const-int-bool", lambda a: (a + torch.full((9,), 7, dtype=I64), a > torch.zeros_like(a),
+                                  torch.full((9,), True) & (a > 0)), randint(9))
+case("const-scalar-edges", lambda x: (x * float("inf"), x + float("nan"), x * 1e-40, x - 1e30),
+     randn(4, 17))
+
+
+# ---------------------------------------------------------------------------------- composites
+
+
+case("add-sum", lambda x, y: torch.add(x, y).sum(), randn(32, 1024), randn(1, 1024), fused=1)
+for dt in FLOATS:
+    case(f"softmax-{SHORT[dt]}", lambda x: torch.softmax(x, -1), randn(16, 77, dtype=dt, scale=4), fused=1)
+    case(f"log-softmax-{SHORT[dt]}", lambda x: torch.log_softmax(x, -1), randn(16, 77, dtype=dt, scale=4), fused=1)
+    case(f"layer-norm-{SHORT[dt]}", lambda x, w, b: F.layer_norm(x, (96,), w, b, eps=1e-5),
+         randn(3, 11, 96, dtype=dt), randn(96, dtype=dt), randn(96, dtype=dt), fused=1)
+    case(f"rms-norm-{SHORT[dt]}", lambda x, w: F.rms_norm(x, (64,), w, eps=1e-6), randn(12, 64, dtype=dt),
+         randn(64, dtype=dt), fused=1)
+case("softmax-f32-dim0", lambda x: torch.softmax(x, 0), randn(50, 21), fused=1)
+case("softmax-f32-middle", lambda x: torch.softmax(x, 1), randn(4, 33, 7), fused=1)
+case("softmax-f32-row-100k", lambda x: torch.softmax(x, -1), randn(2, 100003, scale=3), fused=1)
+case("softmax-f32-row-1", lambda x: torch.softmax(x, -1), randn(5, 1), fused=False)
+case("softmax-f32-specials", lambda x: torch.softmax(x, -1),
+     torch.tensor([[0.0, 1.0, float("-inf"), 2.0, 1e-40],
+                   [float("-inf")] * 5,
+                   [1.0, float("nan"), 0.0, 1.0, 1.0],
+                   [float("inf"), 1.0, 0.0, -1.0, float("-inf")],
+                   [88.0, 89.0, 100.0, -100.0, 1e-45],
+                   [-1e-40, 1e-40, -0.0, 0.0, 3e-39]]), fused=1)
+case("softmax-masked", lambda x, m: torch.softmax(x.masked_fill(m, float("-inf")), -1),
+     randn(64, 77), torch.cat([mask(63, 77, p=0.8), torch.ones(1, 77, dtype=torch.bool)]), fused=1)
+case("log-softmax-specials", lambda x: torch.log_softmax(x, -1), special(9, 40), fused=1)
+case("layer-norm-no-affine", lambda x: F.layer_norm(x, (1001,)), randn(7, 1001, offset=5.0), fused=1)
+case("layer-norm-2d-shape", lambda x, w: F.layer_norm(x, (5, 37), w), randn(4, 5, 37), randn(5, 37), fused=1)
+case("layer-norm-row-1", lambda x: F.layer_norm(x, (1,)), randn(6, 1), fused=False)
+case("rms-norm-module", lambda x: F.rms_norm(x * 2, (100,)), randn(3, 4, 100), fused=1)
+case("rms-norm-manual", lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+     randn(8, 1, 48), randn(48), fused=1)
+case("var-std", lambda x: (x.std(-1), torch.std_mean(x, 0, correction=0), x.var()), randn(9, 37))
+case("logsumexp", lambda x: torch.logsumexp(x, -1), randn(9, 55, scale=5.0))
+case("mlp-epilogue-bf16", lambda x, b: F.gelu(x + b, approximate="tanh").to(F32).sum(-1),
+     randn(8, 131, dtype=BF16), randn(131, dtype=BF16))
+case("masked-mean", lambda x, m: (x * m).sum(-1) / m.sum(-1).clamp(min=1), randn(7, 29), mask(7, 29).float())
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("parity_cache")
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_parity(c: Case, kernel_cache):
+    report = check_all_candidates(c.fn, [t.clone() for t in c.inputs], kernel_cache, topn=10,
+                                  atol=c.atol, rtol=c.rtol, expect_fused=c.fused)
+    assert not report.failures, "\n".join(map(str, report.failures[:10]))
+    if report.fused_kernels:
+        assert report.candidates_run >= report.fused_kernels
+
+
+def test_case_ids_unique():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids))
