@@ -23,8 +23,10 @@ from pathlib import Path
 
 import jinja2
 
-from .ops import (BINARY, BOOL_CTYPE, COMPARISONS, COMPUTE_TYPE, FLOAT_DTYPES, LOGICAL, REDUCE_COMBINE, STORAGE_TYPE,
-                  TERNARY, UNARY, c_literal, reduce_identity)
+from .ops import (BINARY, BOOL_CTYPE, COMPARISONS, COMPUTE_TYPE, FLOAT_DTYPES, LOGICAL, PREDICATES, REDUCE_COMBINE,
+                  ROUNDING, STORAGE_TYPE, TERNARY, UNARY, c_literal, reduce_identity)
+
+ROUND_FN = {"float16": "ap_round_f16", "bfloat16": "ap_round_bf16"}  # round a float to a 16-bit dtype
 
 TEMPLATE_VERSION = "fused-v1"
 
@@ -197,8 +199,24 @@ class Emitter:
             c = self._arg(args[0], BOOL_CTYPE, scope)
             a, b = (self._arg(x, out_t, scope) for x in args[1:])
             expr = TERNARY["where"].format(a=c, b=a, c=b)
+        elif op == "pow" and out_t not in ("float", "double"):
+            a, b = (self._arg(x, out_t, scope) for x in args)
+            expr = f"ap_ipow<{out_t}>({a}, {b})"
         elif op == "pow" and self.nodes[args[1]]["kind"] == "const":
             expr = self._pow_const(args, out_t, scope)
+        elif op in PREDICATES:
+            a = self.nodes[args[0]]
+            expr = UNARY[op].format(a=self._arg(args[0], "float", scope) if a["kind"] == "const"
+                                    else self.value(args[0], scope))
+        elif op in ROUNDING and out_t not in ("float", "double"):
+            expr = self._arg(args[0], out_t, scope)
+        elif op == "abs" and out_t in ("float", "double"):
+            expr = f"std::fabs({self._arg(args[0], out_t, scope)})"
+        elif op in ("div_trunc", "div_floor") and dtype in ROUND_FN:
+            # torch rounds the quotient (and the floor's intermediates) to the 16-bit dtype
+            a, b = (self._arg(x, out_t, scope) for x in args)
+            expr = f"std::trunc({ROUND_FN[dtype]}({a} / {b}))" if op == "div_trunc" else \
+                f"ap_div_floor({a}, {b}, {ROUND_FN[dtype]})"
         elif op in UNARY:
             expr = UNARY[op].format(a=self._arg(args[0], out_t, scope))
             if op == "bitwise_not" and out_t == BOOL_CTYPE:
@@ -208,10 +226,8 @@ class Emitter:
             expr = BINARY[op].format(a=a, b=b)
         else:
             raise AssertionError(f"no C for op {op}")
-        if dtype == "float16":
-            expr = f"ap_round_f16({expr})"
-        elif dtype == "bfloat16":
-            expr = f"ap_round_bf16({expr})"
+        if dtype in ROUND_FN:
+            expr = f"{ROUND_FN[dtype]}({expr})"
         return expr
 
     def _pow_const(self, args, out_t, scope) -> str:
@@ -248,8 +264,11 @@ def plan_passes(spec: dict, em: Emitter) -> list[dict]:
     nodes = spec["nodes"]
     reductions = [n["id"] for n in nodes if n["kind"] == "reduce"]
     n_stages = max((em.stage[r] for r in reductions), default=0)
-    full_outs = [(j, o) for j, o in enumerate(spec["outputs"]) if em.varies[o["node"]]]
-    row_outs = [(j, o) for j, o in enumerate(spec["outputs"]) if not em.varies[o["node"]]]
+    # an output is stored in a pass when its value or its store index varies over the inner axes
+    # (a value broadcast along them, e.g. an expanded input or a constant, still needs the loop)
+    full = [em.varies[o["node"]] or any(o["strides"][a] != 0 for a in em.inner) for o in spec["outputs"]]
+    full_outs = [(j, o) for j, o in enumerate(spec["outputs"]) if full[j]]
+    row_outs = [(j, o) for j, o in enumerate(spec["outputs"]) if not full[j]]
     sections: list[dict] = []
 
     def flush_row(stores=()):
@@ -273,7 +292,7 @@ def plan_passes(spec: dict, em: Emitter) -> list[dict]:
                          "identity": reduce_identity(node["op"], acc_t),
                          "combine": REDUCE_COMBINE[node["op"]],
                          "wide": acc_t == "float" and node["op"] in ("sum", "mean"),
-                         "count": node.get("count", 1)})
+                         "count": node.get("count", 1), "rnd": ROUND_FN.get(node["dtype"], "")})
         store_lines = []
         for j, o in stores:
             val = em._arg(o["node"], COMPUTE_TYPE[o["dtype"]], scope)

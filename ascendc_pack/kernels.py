@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from .codegen import TEMPLATE_VERSION, render_kernel
-from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from .cache import atomic_write_text
+from .codegen import TEMPLATE_VERSION, render_kernel, template_env
+from .compiler import (CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, debug_dir_for,
+                       isa_features)
 from .config import BuildConfig
 from .program import FusedStep, Program
 from .tiling import Target, Tiling, propose
@@ -49,11 +52,28 @@ def prepare_kernels(program: Program, config: BuildConfig,
                                                              t.candidate.tiling_repr, t.candidate.workspace,
                                                              t.candidate.block_dim, isa))
                    for t in tilings[name]]
-        ahash = artifact_hash(spec_text + f"|topn={config.topn}", TEMPLATE_VERSION, config.cores, config.march)
+        ahash = artifact_hash(spec_text, TEMPLATE_VERSION, config.cores, config.march)
         builds.append(KernelBuild(name, ahash, sources))
     compiled = compile_kernels(builds, config, progress)
-    return {b.kernel_name: KernelCandidates(steps[b.kernel_name], tilings[b.kernel_name], ck)
-            for b, ck in zip(builds, compiled)}
+    result = {b.kernel_name: KernelCandidates(steps[b.kernel_name], tilings[b.kernel_name], ck)
+              for b, ck in zip(builds, compiled)}
+    if config.debug:
+        for kc in result.values():
+            write_benchmark_script(kc)
+    return result
+
+
+def write_benchmark_script(kc: KernelCandidates, debug_root=None) -> Path:
+    """With --debug: a standalone script timing every candidate of one kernel."""
+    cands = [{"index": i, "tiling_repr": cc.candidate.tiling_repr, "kernel_key": cc.candidate.kernel_key,
+              "so_path": str(cc.so_path) if cc.ok else None} for i, cc in enumerate(kc.compiled.candidates)]
+    path = debug_dir_for(kc.name, debug_root) / "benchmark.py"
+    text = template_env().get_template("debug/benchmark.py.j2").render(
+        name=kc.name, script_name=path.name, spec_json=json.dumps(kc.step.kernel),
+        candidates_json=json.dumps(cands))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    return path
 
 
 def total_candidates(program: Program, config: BuildConfig) -> int:

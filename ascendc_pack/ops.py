@@ -47,7 +47,7 @@ UNARY = {
     "log1p": "ap_log1p({a})", "expm1": "ap_expm1({a})", "sqrt": "std::sqrt({a})",
     "rsqrt": "(1 / std::sqrt({a}))", "reciprocal": "(1 / {a})", "tanh": "ap_tanh({a})",
     "sigmoid": "ap_sigmoid({a})", "erf": "ap_erf({a})", "relu": "({a} < 0 ? 0 : {a})",
-    "sign": "({a} > 0 ? 1 : ({a} < 0 ? -1 : {a}))", "floor": "std::floor({a})",
+    "sign": "({a} > 0 ? 1 : ({a} < 0 ? -1 : 0))", "floor": "std::floor({a})",
     "ceil": "std::ceil({a})", "round": "ap_nearbyint({a})", "trunc": "std::trunc({a})",
     "sin": "std::sin({a})", "cos": "std::cos({a})", "logical_not": "(!{a})",
     "bitwise_not": "(~{a})", "bool_not": "(!{a})", "isnan": "({a} != {a})",
@@ -56,7 +56,7 @@ UNARY = {
 }
 BINARY = {
     "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
-    "div_trunc": "std::trunc({a} / {b})", "div_floor": "std::floor({a} / {b})",
+    "div_trunc": "std::trunc({a} / {b})", "div_floor": "ap_div_floor({a}, {b})",
     "maximum": "(({a} > {b} || {a} != {a}) ? {a} : {b})",
     "minimum": "(({a} < {b} || {a} != {a}) ? {a} : {b})",
     "pow": "std::pow({a}, {b})", "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})",
@@ -67,6 +67,8 @@ BINARY = {
     "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
 }
 TERNARY = {"where": "({a} ? {b} : {c})"}
+PREDICATES = {"isnan", "isinf"}  # bool result computed from the operand in its own type
+ROUNDING = {"floor", "ceil", "round", "trunc"}  # identity on integers
 COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge"}
 LOGICAL = {"logical_and", "logical_or", "logical_xor", "logical_not"}
 FLOAT_ONLY = {"exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "floor", "ceil",

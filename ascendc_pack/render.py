@@ -955,7 +955,8 @@ def render_graph(model: ModelProgram, kernels: dict[str, KernelRef],
     p = model.program
     weights = [{"name": n, "dtype": an.vals[i].dtype, "shape": list(an.vals[i].shape),
                 "stride": list(an.vals[i].stride)} for i, n in enumerate(model.weights)]
-    inputs = [{"name": n, "dtype": p.values[n].dtype, "shape": list(p.values[n].shape)}
+    inputs = [{"name": n, "dtype": p.values[n].dtype, "shape": list(p.values[n].shape),
+               "stride": list(p.values[n].stride or _contiguous(p.values[n].shape))}
               for n in model.user_inputs]
     kernel_refs = [kernels[n] for n in an.kernel_order]
     signature = json.dumps({

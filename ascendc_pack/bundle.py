@@ -1,0 +1,326 @@
+"""Bundle stage: graph.so + the chosen kernel libraries + weights + manifest -> ``.ascpack``.
+
+Entry point: :func:`write_bundle` (and :func:`build_bundle`, which also reports what it did).
+The format is documented in ``docs/FORMAT.md``; the reader is
+:mod:`ascendc_pack_runtime.bundle`. A bundle is a zstd-compressed tar holding, in this order::
+
+    manifest.json                              format, target, io specs, kernels, member hashes
+    graph.so                                   the C++ graph (render stage), kernels found relative
+    graph.cpp                                  its source, for inspection
+    kernels/<kernel_name>/<kernel_key>/kernel.so   the winner of every fused kernel, nothing else
+    weights.bin                                raw tensor bytes, 64-byte aligned, indexed in the manifest
+    tuning.json                                every candidate's timings (PGO record)
+
+No pickle anywhere; no path of the build machine in the manifest, graph.cpp or tuning.json.
+The bundle is written to a temporary file next to ``output`` and renamed into place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ascendc_pack_runtime.bundle import (FORMAT_NAME, FORMAT_VERSION, GRAPH_LIBRARY, GRAPH_SOURCE,
+                                         MANIFEST_NAME, TUNING_FILE, WEIGHT_ALIGNMENT, WEIGHTS_FILE,
+                                         check_member_name)
+
+from .cache import check_component
+from .choice import KernelChoice
+from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, describe_library, isa_features, package_version
+from .config import BuildConfig
+from .errors import PackError
+from .program import ModelProgram, dtype_name
+from .render import (GRAPH_ABI_VERSION, GraphLibrary, GraphSource, KernelRef, _contiguous, compile_graph,
+                     graph_flags, render_graph, weight_layout)
+
+ZSTD_LEVEL = 6
+TUNING_FORMAT = "ascpack-tuning"
+
+
+class BundleWriteError(PackError):
+    """The inputs of the bundle stage are inconsistent (missing choice, wrong library, ...)."""
+
+
+@dataclass
+class BundleReport:
+    """What :func:`build_bundle` produced."""
+
+    path: Path
+    size: int
+    members: dict                 # name -> {"size", "sha256"}
+    graph: GraphLibrary
+    graph_source: GraphSource
+    seconds: float
+    manifest: dict = field(repr=False, default_factory=dict)
+
+
+def kernel_member(name: str, kernel_key: str) -> str:
+    """``kernels/<kernel_name>/<kernel_key>/kernel.so``."""
+    check_component(name, "kernel_name")
+    check_component(kernel_key, "kernel_key")
+    return f"kernels/{name}/{kernel_key}/kernel.so"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tensor_bytes(t: torch.Tensor):
+    """A zero-copy buffer over a dense tensor's memory."""
+    n = t.numel() * t.element_size()
+    return (ctypes.c_char * n).from_address(t.data_ptr()) if n else b""
+
+
+def _write_weights(model: ModelProgram, weights: dict[str, torch.Tensor], path: Path):
+    """weights.bin (raw, every tensor at a 64-byte aligned offset) and its index."""
+    entries, layouts = [], {}
+    offset = 0
+    with open(path, "wb") as f:
+        for name in model.weights:
+            t = weights.get(name)
+            if t is None:
+                raise BundleWriteError(f"weight {name!r} (parameter {model.weight_fqns.get(name, name)}) is "
+                                       "missing from the weights passed to write_bundle")
+            spec = model.program.values[name]
+            if tuple(t.shape) != tuple(spec.shape) or dtype_name(t.dtype) != spec.dtype:
+                raise BundleWriteError(f"weight {name!r} is {dtype_name(t.dtype)}{list(t.shape)}, the program "
+                                       f"expects {spec.dtype}{list(spec.shape)}")
+            t = t.detach().cpu()
+            shape, stride = weight_layout(t)
+            dense = torch.empty_strided(shape, stride, dtype=t.dtype)
+            dense.copy_(t)
+            nbytes = dense.numel() * dense.element_size()
+            pad = -offset % WEIGHT_ALIGNMENT
+            if pad:
+                f.write(b"\0" * pad)
+                offset += pad
+            f.write(_tensor_bytes(dense))
+            entries.append({"name": name, "fqn": model.weight_fqns.get(name, name), "dtype": dtype_name(t.dtype),
+                            "shape": list(shape), "stride": list(stride), "offset": offset, "nbytes": nbytes})
+            layouts[name] = (shape, stride)
+            offset += nbytes
+    return entries, layouts
+
+
+def _sanitize(text: str, config: BuildConfig) -> str:
+    """Replace paths of the build machine by placeholders (tuning records keep error texts)."""
+    for path, tag in ((str(config.cache_dir), "<cache_dir>"), (str(Path.home()), "~"),
+                      (tempfile.gettempdir(), "<tmp>")):
+        if path and len(path) > 1:
+            text = text.replace(path, tag)
+    return text
+
+
+def _candidates_json(choice: KernelChoice) -> list[dict]:
+    out = []
+    for i, r in enumerate(choice.results):
+        c = r.candidate
+        out.append({"index": i, "kernel_key": c.kernel_key, "tiling_repr": c.tiling_repr,
+                    "workspace": c.workspace, "block_dim": c.block_dim, "median_us": r.median_us,
+                    "failed": r.error is not None})
+    return out
+
+
+def _tuning_json(model: ModelProgram, choices: dict[str, KernelChoice], names: list[str],
+                 config: BuildConfig) -> str:
+    kernels = []
+    for name in names:
+        ch = choices[name]
+        kernels.append({
+            "name": name, "chosen_index": ch.chosen_index, "visited": ch.visited,
+            "chosen": ch.candidate.to_json(),
+            "results": [{**r.to_json(), "error": None if r.error is None else _sanitize(r.error, config)}
+                        for r in ch.results],
+        })
+    doc = {"format": TUNING_FORMAT, "version": 1, "model": model.name, "topn": config.topn,
+           "kernels": kernels}
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(check_member_name(name))
+    ti.size = size
+    ti.mtime = 0
+    ti.mode = 0o755 if name.endswith(".so") else 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.type = tarfile.REGTYPE
+    return ti
+
+
+def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=level)
+    with open(dest, "wb") as f:
+        with cctx.stream_writer(f, closefd=False) as zw:
+            with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                import io
+
+                tar.addfile(_tarinfo(MANIFEST_NAME, len(manifest_bytes)), io.BytesIO(manifest_bytes))
+                for name, path in files:
+                    with open(path, "rb") as src:
+                        tar.addfile(_tarinfo(name, path.stat().st_size), src)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
+                 output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
+                 zstd_level: int = ZSTD_LEVEL) -> BundleReport:
+    """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
+
+    ``model`` is the fused program, ``weights`` its weight tensors by program input name,
+    ``choices`` the tuned winner of every fused kernel (by kernel name).
+    Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
+    """
+    t0 = time.perf_counter()
+    output = Path(output)
+    if output.is_dir():
+        raise BundleWriteError(f"output {output} is a directory; pass a file path such as "
+                               f"{output / (model.name + '.ascpack')}")
+    steps = {}
+    for s in model.program.fused_steps():
+        steps.setdefault(s.name, s)
+    missing = [n for n in steps if n not in choices]
+    if missing:
+        raise BundleWriteError(f"no KernelChoice for fused kernel(s) {', '.join(missing)}; tune (or pick "
+                               "candidate 0 of) every fused kernel of the program")
+    names = sorted(steps)
+    refs: dict[str, KernelRef] = {}
+    kernel_files: list[tuple[str, Path]] = []
+    kernel_entries = []
+    isa = isa_features(config.march, cxx)
+    for name in names:
+        ch, step = choices[name], steps[name]
+        cand = ch.candidate
+        so = Path(ch.so_path)
+        if not so.is_file():
+            raise BundleWriteError(f"kernel {name}: the chosen library {so} does not exist; rebuild (the "
+                                   "kernel cache was cleared after tuning)")
+        try:
+            info = describe_library(so, expected_key=cand.kernel_key, expected_name=name)
+        except KernelLibraryError as e:
+            raise BundleWriteError(f"kernel {name}: {e}") from None
+        if info["workspace"] != cand.workspace or info["block_dim"] != cand.block_dim:
+            raise BundleWriteError(f"kernel {name}: library {so} describes workspace {info['workspace']} / "
+                                   f"block_dim {info['block_dim']}, the choice says {cand.workspace} / "
+                                   f"{cand.block_dim}; rebuild")
+        member = kernel_member(name, cand.kernel_key)
+        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel["inputs"]),
+                               len(step.kernel["outputs"]))
+        kernel_files.append((member, so))
+        kernel_entries.append({
+            "name": name, "kernel_key": cand.kernel_key, "tiling_repr": cand.tiling_repr,
+            "workspace": cand.workspace, "block_dim": cand.block_dim, "file": member,
+            "visited": bool(ch.visited), "chosen_index": ch.chosen_index,
+            "isa": info.get("isa") or "", "candidates": _candidates_json(ch),
+        })
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:
+        staging = Path(staging)
+        weights_path = staging / WEIGHTS_FILE
+        weight_entries, layouts = _write_weights(model, weights, weights_path)
+        graph_src = render_graph(model, refs, layouts)
+        graph = compile_graph(graph_src, config, cxx)
+        tuning_path = staging / TUNING_FILE
+        tuning_path.write_text(_tuning_json(model, choices, names, config))
+
+        files = [(GRAPH_LIBRARY, graph.path), (GRAPH_SOURCE, graph.source_path), *kernel_files,
+                 (WEIGHTS_FILE, weights_path), (TUNING_FILE, tuning_path)]
+        members = {name: {"size": path.stat().st_size, "sha256": _sha256(path)} for name, path in files}
+        p = model.program
+        mutated_values = {v: k for k, v in model.mutations.items()}
+        outputs = []
+        for o in model.user_outputs:
+            spec = p.values[o]
+            entry = {"name": o, "shape": list(spec.shape), "dtype": spec.dtype}
+            if o in mutated_values:
+                entry["input_index"] = model.user_inputs.index(mutated_values[o])
+            outputs.append(entry)
+        identity = compiler_identity(cxx)
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "producer": {"name": "ascendc-pack", "version": package_version()},
+            "model": {"name": model.name},
+            "backend": "cpu",
+            "target": {
+                "arch": platform.machine(), "march": config.march, "isa": list(isa),
+                "compiler": identity.split(" ", 1)[1] if " " in identity else identity,
+            },
+            "torch": {"version": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)},
+            "core_limit": config.cores,
+            "cores": config.effective_cores,
+            "topn": config.topn,
+            "inputs": [{"name": n, "shape": list(p.values[n].shape), "dtype": p.values[n].dtype,
+                        "stride": list(p.values[n].stride or _contiguous(p.values[n].shape))}
+                       for n in model.user_inputs],
+            "outputs": outputs,
+            "mutations": [{"input": k, "index": model.user_inputs.index(k), "value": v}
+                          for k, v in model.mutations.items()],
+            "out_spec": model.out_spec,
+            "weights": {"file": WEIGHTS_FILE, "alignment": WEIGHT_ALIGNMENT, "tensors": weight_entries},
+            "graph": {
+                "library": GRAPH_LIBRARY, "source": GRAPH_SOURCE, "namespace": graph_src.namespace,
+                "abi": GRAPH_ABI_VERSION,
+                "flags": [f for f in graph_flags() if not f.startswith("-I")],
+                "memory": graph_src.stats,
+            },
+            "kernels": kernel_entries,
+            "members": members,
+        }
+        manifest_bytes = (json.dumps(manifest, indent=1) + "\n").encode()
+        tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
+        try:
+            _write_archive(tmp, manifest_bytes, files, zstd_level)
+            os.replace(tmp, output)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return BundleReport(output, output.stat().st_size, members, graph, graph_src,
+                        time.perf_counter() - t0, manifest)
+
+
+def write_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
+                 output: Path | str, config: BuildConfig) -> Path:
+    """Write the ``.ascpack`` bundle of a fused, tuned model to ``output`` and return its path
+    (see :func:`build_bundle` for the details and the report)."""
+    return build_bundle(model, weights, choices, output, config).path
+
+
+def choices_from_candidate0(model: ModelProgram, prepared: dict) -> dict[str, KernelChoice]:
+    """A KernelChoice per kernel taking its first compiled candidate, unvisited (what a build
+    with ``--topn 1`` records). ``prepared``: :func:`ascendc_pack.kernels.prepare_kernels`."""
+    from .choice import CandidateResult
+
+    out = {}
+    for name, kc in prepared.items():
+        ok = [(i, c) for i, c in enumerate(kc.compiled.candidates) if c.ok]
+        if not ok:
+            raise BundleWriteError(f"kernel {name}: no candidate compiled; see the compile errors in the cache")
+        i, c = ok[0]
+        results = [CandidateResult(cc.candidate, None, [], cc.error) for cc in kc.compiled.candidates]
+        out[name] = KernelChoice(name=name, spec=kc.step.kernel, chosen_index=i, candidate=c.candidate,
+                                 so_path=c.so_path, visited=False, results=results)
+    return out
+
+
+__all__ = ["write_bundle", "build_bundle", "BundleReport", "BundleWriteError", "kernel_member",
+           "choices_from_candidate0"]
+del shutil

@@ -1,0 +1,305 @@
+"""Load a verified bundle and call it like the eager model (DESIGN 4.8).
+
+:func:`load` verifies and extracts the bundle (:mod:`.bundle`), maps ``weights.bin`` without
+copying (a private, copy-on-write ``mmap``), loads ``graph.so`` (it registers the operators
+``<namespace>::init/run/release/signature``) and creates the graph state: the graph
+``dlopen``-s every kernel library and checks it against the ``kernel_key`` baked into it, and
+plans its intermediate buffers once. :class:`Model` checks inputs (a clear ``ValueError`` for
+a wrong count, shape, dtype or device), calls the graph, writes input mutations back and
+rebuilds the eager model's output structure.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .bundle import (GRAPH_LIBRARY, Extracted, open_bundle)
+from .errors import BundleFormatError, BundleLoadError
+
+GRAPH_ABI_VERSION = 1
+
+_DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool, "complex64": torch.complex64,
+    "complex128": torch.complex128,
+}
+_NAMESPACE_RE = re.compile(r"ascpack_[0-9a-f]{8,64}")
+_LOAD_LOCK = threading.Lock()
+
+
+def _dtype(name: object, where: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise BundleFormatError(f"manifest.json: {where} has unsupported dtype {name!r}; rebuild the "
+                                "bundle or upgrade the runtime") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, static shape and dtype of a model input or output (``stride``: the layout the
+    graph expects for inputs; other layouts are copied into it)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...] | None = None
+
+    @staticmethod
+    def from_json(d: dict, where: str) -> TensorSpec:
+        try:
+            shape = tuple(int(s) for s in d["shape"])
+            stride = tuple(int(s) for s in d["stride"]) if d.get("stride") is not None else None
+            return TensorSpec(str(d["name"]), shape, _dtype(d["dtype"], where), stride)
+        except (KeyError, TypeError, ValueError):
+            raise BundleFormatError(f"manifest.json: {where} is malformed ({d!r}); the bundle is "
+                                    "corrupt") from None
+
+    def __str__(self) -> str:
+        return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+
+
+def _significant(shape, stride) -> tuple:
+    return tuple(s if n != 1 else 0 for n, s in zip(shape, stride))
+
+
+def _load_weights(directory: Path, manifest: dict) -> list[torch.Tensor]:
+    info = manifest["weights"]
+    path = directory / str(info.get("file", ""))
+    entries = info.get("tensors")
+    if not isinstance(entries, list):
+        raise BundleFormatError("manifest.json: weights.tensors is missing; the bundle is corrupt")
+    size = path.stat().st_size
+    buf = None
+    if size > 0:
+        with open(path, "rb") as f:
+            # private copy-on-write mapping: zero-copy, and a write never reaches the file
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    tensors = []
+    for k, e in enumerate(entries):
+        where = f"weights.tensors[{k}]"
+        dtype = _dtype(e.get("dtype"), where)
+        try:
+            shape = tuple(int(s) for s in e["shape"])
+            stride = tuple(int(s) for s in e["stride"])
+            offset, nbytes = int(e["offset"]), int(e["nbytes"])
+        except (KeyError, TypeError, ValueError):
+            raise BundleFormatError(f"manifest.json: {where} is malformed; the bundle is corrupt") from None
+        itemsize = dtype.itemsize
+        span = 0 if any(s == 0 for s in shape) else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+        if len(shape) != len(stride) or any(st < 0 for st in stride) or nbytes != span * itemsize \
+                or offset < 0 or offset % itemsize or offset + nbytes > size:
+            raise BundleFormatError(f"manifest.json: {where} ({e.get('name')}) does not fit weights.bin "
+                                    f"(offset {offset}, {nbytes} bytes, file {size} bytes); the bundle "
+                                    "is corrupt, rebuild it")
+        if nbytes == 0:
+            tensors.append(torch.empty_strided(shape, stride, dtype=dtype))
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            flat = torch.frombuffer(buf, dtype=dtype, count=span, offset=offset)
+        tensors.append(flat.as_strided(shape, stride))
+    return tensors
+
+
+class Model:
+    """A loaded bundle. Call it like the eager model: ``model(*inputs)``.
+
+    Attributes:
+        manifest: the bundle's manifest (dict).
+        input_specs / output_specs: :class:`TensorSpec` per model input / flat output.
+        directory: where the verified bundle was extracted.
+
+    Calls are serialized per Model (the graph's planned buffers are shared by calls); load
+    the bundle once per thread for parallel calls.
+    """
+
+    def __init__(self, extracted: Extracted):
+        m = extracted.manifest
+        self.manifest = m
+        self.path = extracted.path
+        self.directory = extracted.directory
+        self.bundle_sha256 = extracted.bundle_sha256
+        self.name = str(m.get("model", {}).get("name", "model"))
+        self.input_specs = [TensorSpec.from_json(d, f"inputs[{i}]") for i, d in enumerate(m["inputs"])]
+        self.output_specs = [TensorSpec.from_json(d, f"outputs[{i}]") for i, d in enumerate(m["outputs"])]
+        self._input_index = {s.name: i for i, s in enumerate(self.input_specs)}
+        self._mutated = []
+        for mu in m["mutations"]:
+            if not isinstance(mu, dict) or mu.get("input") not in self._input_index:
+                raise BundleFormatError(f"manifest.json: mutation {mu!r} names no input; the bundle is corrupt")
+            self._mutated.append(self._input_index[mu["input"]])
+        self._aliases = {}
+        for i, o in enumerate(m["outputs"]):
+            if o.get("input_index") is not None:
+                self._aliases[i] = int(o["input_index"])
+        try:
+            self._spec = pytree.treespec_loads(m["out_spec"])
+        except Exception as e:  # noqa: BLE001 - e.g. a namedtuple type that is not importable here
+            warnings.warn(f"cannot rebuild the output structure of {self.name!r} ({e}); calls return a "
+                          "flat tuple of tensors", RuntimeWarning, stacklevel=3)
+            self._spec = None
+        self._handle = None
+        self._ops = None
+        weights = _load_weights(self.directory, m)
+        self._ops = _graph_ops(self.directory, m)
+        try:
+            self._handle = self._ops.init(weights, str(self.directory))
+        except RuntimeError as e:
+            raise BundleLoadError(f"{self.path}: the graph refused to load: {_first_line(e)}") from None
+        self._run = self._ops.run
+
+    # ------------------------------------------------------------------------------------
+    def _prepare(self, inputs: tuple) -> tuple[list, dict]:
+        specs = self.input_specs
+        if len(inputs) != len(specs):
+            names = ", ".join(s.name for s in specs)
+            raise ValueError(f"model {self.name!r} takes {len(specs)} input(s) ({names}), got {len(inputs)}")
+        prepared, copies = list(inputs), {}
+        for i, (t, s) in enumerate(zip(inputs, specs)):
+            label = f"input {i} ({s.name})"
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
+            if t.device.type != "cpu":
+                raise ValueError(f"{label} is on {t.device}; this bundle runs on cpu, move it with .cpu()")
+            if t.layout != torch.strided:
+                raise ValueError(f"{label} has layout {t.layout}; pass a dense (strided) tensor")
+            if t.dtype != s.dtype:
+                raise ValueError(f"{label} has dtype {t.dtype}, expected {s.dtype} (convert it with "
+                                 f".to({s.dtype}))")
+            if tuple(t.shape) != s.shape:
+                raise ValueError(f"{label} has shape {list(t.shape)}, expected {list(s.shape)}; the "
+                                 "bundle was built for static shapes")
+            stride = s.stride
+            if (stride is not None and _significant(t.shape, t.stride()) != _significant(s.shape, stride)) \
+                    or t.is_conj() or t.is_neg():
+                c = torch.empty_strided(s.shape, stride or t.stride(), dtype=s.dtype)
+                with torch.no_grad():
+                    c.copy_(t)
+                prepared[i] = c
+                copies[i] = t
+        return prepared, copies
+
+    def run_flat(self, *inputs) -> list[torch.Tensor]:
+        """Call the graph and return its outputs flat (the order of ``output_specs``)."""
+        if self._handle is None:
+            raise RuntimeError(f"model {self.name!r} was closed")
+        prepared, copies = self._prepare(inputs)
+        with torch.no_grad():
+            flat = list(self._run(self._handle, prepared))
+            for i in self._mutated:
+                if i in copies:
+                    copies[i].copy_(prepared[i])
+        for out_i, in_i in self._aliases.items():
+            flat[out_i] = inputs[in_i]
+        return flat
+
+    def __call__(self, *inputs):
+        flat = self.run_flat(*inputs)
+        if self._spec is None:
+            return tuple(flat)
+        return pytree.tree_unflatten(flat, self._spec)
+
+    def close(self) -> None:
+        """Release the graph state (planned buffers, kernel libraries). Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None and self._ops is not None:
+            try:
+                self._ops.release(handle)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.input_specs))
+        outs = ", ".join(map(str, self.output_specs))
+        return f"<ascendc_pack_runtime.Model {self.name!r} ({ins}) -> ({outs}), {self.path}>"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _graph_ops(directory: Path, manifest: dict):
+    """The operator namespace registered by the bundle's graph.so (loaded once per process)."""
+    g = manifest["graph"]
+    ns = g.get("namespace")
+    if not isinstance(ns, str) or not _NAMESPACE_RE.fullmatch(ns):
+        raise BundleFormatError(f"manifest.json: graph.namespace {ns!r} is invalid; the bundle is corrupt")
+    if g.get("abi") != GRAPH_ABI_VERSION:
+        raise BundleFormatError(f"manifest.json: graph ABI {g.get('abi')!r}, this runtime speaks "
+                                f"{GRAPH_ABI_VERSION}; rebuild the bundle or upgrade the runtime")
+    lib = directory / str(g.get("library", GRAPH_LIBRARY))
+    with _LOAD_LOCK:
+        ops = getattr(torch.ops, ns)
+        if not _registered(ops):
+            try:
+                torch.ops.load_library(str(lib))
+            except OSError as e:
+                cause = e.__cause__ or e
+                raise BundleLoadError(f"cannot load {lib.name} of the bundle: {cause}; it was built "
+                                      f"against torch {manifest['torch'].get('version')} (this process "
+                                      f"has {torch.__version__})") from None
+            if not _registered(ops):
+                raise BundleLoadError(f"{lib.name} does not register the operators {ns}::run/init; "
+                                      "the bundle is corrupt, rebuild it")
+    try:
+        sig = json.loads(ops.signature())
+    except (RuntimeError, ValueError) as e:
+        raise BundleLoadError(f"{lib.name}: cannot read its signature ({e}); rebuild the bundle") from None
+    want = [{"name": k.get("name"), "kernel_key": k.get("kernel_key"), "file": k.get("file")}
+            for k in manifest["kernels"]]
+    have = sig.get("kernels")
+    if sorted(json.dumps(k, sort_keys=True) for k in want) != \
+            sorted(json.dumps(k, sort_keys=True) for k in (have or [])):
+        raise BundleLoadError(f"{lib.name} was built for kernels {have}, the manifest lists {want}; the "
+                              "bundle was assembled from mismatched files, rebuild it")
+    if sig.get("graph_abi") != GRAPH_ABI_VERSION:
+        raise BundleLoadError(f"{lib.name} speaks graph ABI {sig.get('graph_abi')}, this runtime "
+                              f"{GRAPH_ABI_VERSION}; rebuild the bundle")
+    return ops
+
+
+def _registered(ops) -> bool:
+    try:
+        ops.run  # noqa: B018 - attribute lookup resolves the operator
+        ops.signature  # noqa: B018
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes") -> Model:
+    """Verify, extract (content-addressed, atomic) and load an ``.ascpack`` bundle.
+
+    ``cache_dir`` defaults to ``$ASCENDC_PACK_RUNTIME_CACHE`` or
+    ``~/.cache/ascendc_pack_runtime``; ``verify="full"`` rehashes an earlier extraction
+    before reusing it. Raises a :class:`~ascendc_pack_runtime.errors.BundleError` subclass
+    that names the problem and the fix.
+    """
+    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify))
+
+
+__all__ = ["load", "Model", "TensorSpec"]
