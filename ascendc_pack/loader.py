@@ -58,7 +58,7 @@ def load_model_file(path: str | Path) -> LoadedModel:
         )
     module = _import_file(path)
     name = path.stem
-    model = _get(module, path, "get_model", "model", "the model")
+    model = _get(module, path, "get_model", "model", "model")
     if not isinstance(model, torch.nn.Module):
         raise ModelFileError(
             f"{path}: get_model()/model returned {type(model).__name__}, not a torch.nn.Module. "
@@ -103,7 +103,7 @@ def _import_file(path: Path):
         ) from exc
     except BaseException as exc:  # the user's code may raise anything, SystemExit included
         sys.modules.pop(mod_name, None)
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = _user_traceback(exc)
         raise ModelFileError(
             f"{path}: raised {type(exc).__name__} while importing. Fix the error in the model file; "
             f"its traceback:\n{tb}"
@@ -115,11 +115,19 @@ def _call(path: Path, fn, what: str):
     try:
         return fn()
     except BaseException as exc:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = _user_traceback(exc)
         raise ModelFileError(
             f"{path}: {what}() raised {type(exc).__name__}. Fix the error in the model file; "
             f"its traceback:\n{tb}"
         ) from exc
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without our loader's and importlib's frames: only the user's code."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename != __file__ and "importlib._bootstrap" not in f.filename and "<frozen" not in f.filename]
+    return ("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+            + "".join(traceback.format_exception_only(type(exc), exc)))
 
 
 def _get(module, path: Path, fn_name: str, attr_name: str, what: str):
