@@ -229,7 +229,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
             "name": name, "kernel_key": cand.kernel_key, "tiling_repr": cand.tiling_repr,
             "workspace": cand.workspace, "block_dim": cand.block_dim, "file": member,
             "visited": bool(ch.visited), "chosen_index": ch.chosen_index,
-            "isa": info.get("isa") or "", "candidates": _candidates_json(ch),
+            "candidates": _candidates_json(ch),
         })
 
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -333,34 +333,15 @@ def artifact_hash(spec_text: str, template_version: str, core_limit: int | None,
 # ----------------------------------------------------------------------------- library check
 
 
-class _KernelInfo(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("name", ctypes.c_char_p),
-                ("kernel_key", ctypes.c_char_p), ("tiling_repr", ctypes.c_char_p),
-                ("workspace", ctypes.c_int64), ("block_dim", ctypes.c_int32),
-                ("isa", ctypes.c_char_p), ("n_inputs", ctypes.c_int32), ("n_outputs", ctypes.c_int32)]
-
-
-def _dlclose(lib: ctypes.CDLL) -> None:
-    try:
-        import _ctypes
-
-        _ctypes.dlclose(lib._handle)
-    except (ImportError, AttributeError, OSError):
-        pass
-
-
-def _decode(b: bytes | None) -> str | None:
-    return None if b is None else b.decode("utf-8", "replace")
-
-
 def describe_library(so_path: Path | str, expected_key: str | None = None,
                      expected_name: str | None = None) -> dict:
-    """Load a kernel library with ctypes and return its ``ap_kernel_info`` as a dict
-    (abi_version, name, kernel_key, tiling_repr, workspace, block_dim, isa, n_inputs,
-    n_outputs). Raises KernelLibraryError if it cannot be loaded, lacks ``ap_kernel_describe``
-    or ``ap_kernel_launch``, has another ABI version, or its kernel_key / name differ from the
-    expected ones. The library is unloaded again before returning."""
-    from ascendc_pack_runtime import KERNEL_ABI_VERSION
+    """Load a kernel library, return its ``ap_kernel_info`` as a dict and unload it again.
+
+    Raises KernelLibraryError if it cannot be loaded, lacks the ABI symbols, has another ABI
+    version, or its kernel_key / name differ from the expected ones."""
+    import _ctypes
+
+    from ascendc_pack_runtime.kernels import KernelLoadError, check_info, read_info
 
     path = Path(so_path)
     try:
@@ -368,31 +349,12 @@ def describe_library(so_path: Path | str, expected_key: str | None = None,
     except OSError as e:
         raise KernelLibraryError(f"cannot load kernel library {path}: {e}") from None
     try:
-        try:
-            describe, _ = lib.ap_kernel_describe, lib.ap_kernel_launch
-        except AttributeError as e:
-            raise KernelLibraryError(f"{path} is not an ascendc-pack kernel library: {e}; it must "
-                                     "define ap_kernel_describe() and ap_kernel_launch() "
-                                     "(ascendc_pack/kernel_abi.h) with C linkage") from None
-        describe.restype, describe.argtypes = ctypes.POINTER(_KernelInfo), []
-        ptr = describe()
-        if not ptr:
-            raise KernelLibraryError(f"{path}: ap_kernel_describe() returned NULL")
-        c = ptr.contents
-        info = {"abi_version": int(c.abi_version), "name": _decode(c.name),
-                "kernel_key": _decode(c.kernel_key), "tiling_repr": _decode(c.tiling_repr),
-                "workspace": int(c.workspace), "block_dim": int(c.block_dim), "isa": _decode(c.isa),
-                "n_inputs": int(c.n_inputs), "n_outputs": int(c.n_outputs)}
+        info = read_info(lib, path)
+        check_info(info, path, expected_key, expected_name)
+    except KernelLoadError as e:
+        raise KernelLibraryError(str(e)) from None
     finally:
-        _dlclose(lib)
-    if info["abi_version"] != KERNEL_ABI_VERSION:
-        raise KernelLibraryError(f"{path} was built for kernel ABI {info['abi_version']}, this "
-                                 f"ascendc-pack uses ABI {KERNEL_ABI_VERSION}; rebuild it")
-    for field_name, expected in (("kernel_key", expected_key), ("name", expected_name)):
-        if expected is not None and info[field_name] != expected:
-            raise KernelLibraryError(f"{path} describes itself with {field_name} "
-                                     f"{info[field_name]!r}, expected {expected!r}; the file does "
-                                     "not belong here: delete it and rebuild")
+        _ctypes.dlclose(lib._handle)
     return info
 
 

@@ -32,6 +32,36 @@ class _Info(ctypes.Structure):
                 ("n_inputs", ctypes.c_int32), ("n_outputs", ctypes.c_int32)]
 
 
+def read_info(lib: ctypes.CDLL, path: Path) -> dict:
+    """The ``ap_kernel_info`` of a loaded kernel library as a dict (raises KernelLoadError)."""
+    try:
+        describe, _ = lib.ap_kernel_describe, lib.ap_kernel_launch
+    except AttributeError as exc:
+        raise KernelLoadError(f"{path} is not an ascendc-pack kernel library: it must define "
+                              "ap_kernel_describe() and ap_kernel_launch() with C linkage "
+                              "(ascendc_pack/kernel_abi.h)") from exc
+    describe.restype, describe.argtypes = ctypes.POINTER(_Info), []
+    ptr = describe()
+    if not ptr:
+        raise KernelLoadError(f"{path}: ap_kernel_describe() returned NULL")
+    c = ptr.contents
+    text = lambda b: None if b is None else b.decode("utf-8", "replace")  # noqa: E731
+    return {"abi_version": int(c.abi_version), "name": text(c.name), "kernel_key": text(c.kernel_key),
+            "tiling_repr": text(c.tiling_repr), "workspace": int(c.workspace), "block_dim": int(c.block_dim),
+            "isa": text(c.isa), "n_inputs": int(c.n_inputs), "n_outputs": int(c.n_outputs)}
+
+
+def check_info(info: dict, path: Path, expected_key: str | None = None, expected_name: str | None = None) -> None:
+    """Raise KernelLoadError unless the library speaks our ABI and is the promised file."""
+    if info["abi_version"] != KERNEL_ABI_VERSION:
+        raise KernelLoadError(f"{path} was built for kernel ABI {info['abi_version']}, this runtime speaks "
+                              f"{KERNEL_ABI_VERSION}; rebuild it with a matching ascendc-pack")
+    for field_name, expected in (("kernel_key", expected_key), ("name", expected_name)):
+        if expected is not None and info[field_name] != expected:
+            raise KernelLoadError(f"{path} describes itself with {field_name} {info[field_name]!r}, expected "
+                                  f"{expected!r}; the file was replaced or the cache is corrupt: delete it and rebuild")
+
+
 class KernelLibrary:
     """One loaded candidate library.
 
@@ -46,25 +76,9 @@ class KernelLibrary:
             self._lib = ctypes.CDLL(str(self.path), mode=getattr(ctypes, "RTLD_LOCAL", 0))
         except OSError as exc:
             raise KernelLoadError(f"cannot load kernel library {self.path}: {exc}") from exc
-        try:
-            describe = self._lib.ap_kernel_describe
-            self._launch = self._lib.ap_kernel_launch
-        except AttributeError as exc:
-            raise KernelLoadError(f"{self.path} is not an ascendc-pack kernel (no ABI symbols)") from exc
-        describe.restype = ctypes.POINTER(_Info)
-        info = describe().contents
-        self.info = {
-            "abi_version": info.abi_version, "name": info.name.decode(),
-            "kernel_key": info.kernel_key.decode(), "tiling_repr": info.tiling_repr.decode(),
-            "workspace": info.workspace, "block_dim": info.block_dim, "isa": info.isa.decode(),
-            "n_inputs": info.n_inputs, "n_outputs": info.n_outputs,
-        }
-        if self.info["abi_version"] != KERNEL_ABI_VERSION:
-            raise KernelLoadError(f"{self.path}: kernel ABI {self.info['abi_version']}, this runtime "
-                                  f"speaks {KERNEL_ABI_VERSION}; rebuild the bundle with a matching version")
-        if expected_key is not None and self.info["kernel_key"] != expected_key:
-            raise KernelLoadError(f"{self.path}: kernel_key {self.info['kernel_key']} is not the expected "
-                                  f"{expected_key}; the file was replaced or the cache is corrupt")
+        self.info = read_info(self._lib, self.path)
+        check_info(self.info, self.path, expected_key)
+        self._launch = self._lib.ap_kernel_launch
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
         self.workspace = self.info["workspace"]
