@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import io
 import json
 import os
 import platform
-import shutil
 import tarfile
 import tempfile
 import time
@@ -170,8 +170,6 @@ def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Pat
     with open(dest, "wb") as f:
         with cctx.stream_writer(f, closefd=False) as zw:
             with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                import io
-
                 tar.addfile(_tarinfo(MANIFEST_NAME, len(manifest_bytes)), io.BytesIO(manifest_bytes))
                 for name, path in files:
                     with open(path, "rb") as src:
@@ -323,4 +321,3 @@ def choices_from_candidate0(model: ModelProgram, prepared: dict) -> dict[str, Ke
 
 __all__ = ["write_bundle", "build_bundle", "BundleReport", "BundleWriteError", "kernel_member",
            "choices_from_candidate0"]
-del shutil

@@ -851,7 +851,6 @@ class _Emitter:
         out.append(f"{ind}}}")
 
     def emit_aten(self, act: AtenAction, out: list[str], ind: str) -> None:
-        op = self.an.ops[act.op_index]
         static_call = act.mode == "view" and all(self.arg_static(a) for a in act.args) and \
             all(o is None or self.is_static(o) for o in act.outs)
         # tensors that never change go into the template once, at load
@@ -876,7 +875,6 @@ class _Emitter:
                 src = f"s[0].toTensorList().get({k})" if act.list_return else f"std::move(s[{k}]).toTensor()"
                 target.append(f"{pre}  {self.name(o)} = {src};")
         target.append(f"{pre}}}")
-        del op
 
     def emit_fused(self, act: FusedAction, out: list[str], ind: str) -> None:
         for b in act.outs:

@@ -142,6 +142,11 @@ def validate_manifest(m: object) -> dict:
         if name not in members:
             raise BundleFormatError(f"{MANIFEST_NAME}: member {name!r} is not listed; the bundle is "
                                     "incomplete, rebuild it")
+    for where, name in (("weights.file", m["weights"].get("file")),
+                        ("graph.library", m["graph"].get("library", GRAPH_LIBRARY))):
+        if name not in members:
+            raise BundleFormatError(f"{MANIFEST_NAME}: {where} {name!r} is not among the members; the "
+                                    "bundle is corrupt, rebuild it")
     for k in m["kernels"]:
         if not isinstance(k, dict) or k.get("file") not in members:
             raise BundleFormatError(f"{MANIFEST_NAME}: kernel entry {k!r} has no 'file' among the "
@@ -350,11 +355,16 @@ def _extract_into(path: Path, tmp: Path) -> dict:
                                            f"says {info['size']}; the bundle is corrupt, rebuild it")
             seen.add(name)
             dest = tmp / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
             h = hashlib.sha256()
             src = tar.extractfile(member)
             written = 0
-            with open(dest, "xb") as out:
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                out = open(dest, "xb")
+            except OSError as e:
+                raise BundleIntegrityError(f"{path}: member {name!r} cannot be created next to the other "
+                                           f"members ({e}); the bundle is corrupt, rebuild it") from None
+            with out:
                 while True:
                     chunk = src.read(min(_CHUNK, member.size - written)) if written < member.size else b""
                     if not chunk:
