@@ -166,7 +166,8 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
 def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
     import zstandard
 
-    cctx = zstandard.ZstdCompressor(level=level)
+    # the content checksum lets the runtime detect any corruption of the stream (DESIGN 4.8)
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
     with open(dest, "wb") as f:
         with cctx.stream_writer(f, closefd=False) as zw:
             with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -278,7 +279,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
             "graph": {
                 "library": GRAPH_LIBRARY, "source": GRAPH_SOURCE, "namespace": graph_src.namespace,
                 "abi": GRAPH_ABI_VERSION,
-                "flags": [f for f in graph_flags() if not f.startswith("-I")],
+                "flags": [f for f in graph_flags(config.march) if not f.startswith("-I")],
                 "memory": graph_src.stats,
             },
             "kernels": kernel_entries,

@@ -82,3 +82,151 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
     size = result.output.stat().st_size
     click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
                f"{result.kernels_compiled} candidate compiles, {result.kernels_profiled} kernels profiled")
+
+
+@main.command()
+@click.argument("model_file", type=str)
+@click.option("--topn", default=4, show_default=True, type=int, help="Candidates per kernel of the tuned bundle.")
+@click.option("--repeat", default=20, show_default=True, type=int, help="Interleaved timing rounds.")
+@click.option("--cold-runs", default=5, show_default=True, type=int, help="Cold-start processes per artifact.")
+@click.option("--contenders", default=None, help="Comma-separated subset of eager,compile,aoti,ort,bundle1,bundleN.")
+@click.option("--same-process", is_flag=True, help="Time every contender in this process (default: one process each).")
+@click.option("--work-dir", default=None, help="Keep artifacts and worker logs here (default: a temp dir).")
+@click.option("--json", "json_path", default=None, help="Also write the raw results as JSON.")
+def bench(model_file, topn, repeat, cold_runs, contenders, same_process, work_dir, json_path):
+    """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime and the bundle.
+
+    Same as `python -m ascendc_pack.bench model`; see ascendc_pack/bench.py for the protocol.
+    """
+    from .bench import bench_model_main
+
+    try:
+        bench_model_main(model_file, topn=topn, repeat=repeat, cold_runs=cold_runs, contenders=contenders,
+                         same_process=same_process, work_dir=work_dir, json_path=json_path)
+    except (PackError, ValueError) as exc:
+        _fail(exc)
+
+
+@main.command()
+@click.argument("bundle", type=str)
+@click.option("--name", default=None, help="Model name in the URLs (default: the bundle's model name).")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Interface to listen on (127.0.0.1: this machine only).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="HTTP port.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Model instances serving requests in parallel (each loads the bundle: own buffers).")
+@click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log one line per request.")
+@click.option("--max-body-mb", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Refuse request bodies larger than this (413); default 64 MiB + 32 x the input bytes.")
+@click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
+              help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
+def serve(bundle, name, host, port, workers, access_log, max_body_mb, eager_model):
+    """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
+
+    Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
+    HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
+    """
+    from ascendc_pack_runtime.errors import BundleError
+
+    factory = None
+    try:
+        if eager_model is not None:
+            factory = _eager_runner_factory(eager_model)
+        from ascendc_pack_runtime.kserve_model import serve as serve_bundle
+        serve_bundle(bundle, name=name, host=host, port=port, workers=workers, runner_factory=factory,
+                     access_log=access_log,
+                     max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+                     platform="pytorch_eager" if eager_model else None)
+    except (BundleError, PackError, ValueError, ImportError) as exc:
+        _fail(exc)
+
+
+def _eager_runner_factory(model_file: str):
+    """Runners that call the eager module of MODEL_FILE (one module shared: eval, no_grad)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from .loader import load_model_file
+
+    module = load_model_file(model_file).module
+
+    def make():
+        def run(*inputs):
+            with torch.no_grad():
+                return pytree.tree_leaves(module(*inputs))
+        return run
+
+    return make
+
+
+@main.command("export-triton")
+@click.argument("bundle", type=str)
+@click.option("-o", "--output", "repo", required=True, type=click.Path(file_okay=False),
+              help="Model repository directory (created if missing); the model goes to REPO/NAME/.")
+@click.option("--name", default=None, help="Model name (default: the bundle's model name).")
+@click.option("--instances", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="instance_group count (KIND_CPU): Triton runs one Python stub process per instance.")
+@click.option("--vendor-runtime/--no-vendor-runtime", default=True, show_default=True,
+              help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy and zstandard).")
+@click.option("--force", is_flag=True, help="Replace REPO/NAME if it exists.")
+def export_triton(bundle, repo, name, instances, vendor_runtime, force):
+    """Write a Triton Inference Server model repository (Python backend) for BUNDLE."""
+    from ascendc_pack_runtime.errors import BundleError
+
+    from .triton_export import export_triton as export
+
+    try:
+        result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force)
+    except (BundleError, PackError, ValueError) as exc:
+        _fail(exc)
+        return
+    click.echo(f"wrote {result.model_dir} (config.pbtxt, 1/model.py, 1/{result.bundle.name}"
+               f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); run: tritonserver --model-repository {result.repo}")
+
+
+# --- runtime tools: inspect / verify / run a bundle (ascendc_pack_runtime.tools; no compiler) ---
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def inspect(bundle: str, as_json: bool) -> None:
+    """Summarize BUNDLE: model, target, inputs/outputs, per-kernel choice with every candidate's
+    timing and whether PGO visited it (reads the manifest only)."""
+    from ascendc_pack_runtime.tools import inspect_bundle
+
+    text, rc = inspect_bundle(bundle, as_json)
+    click.echo(text, err=rc != 0)
+    sys.exit(rc)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
+def verify(bundle: str) -> None:
+    """Run every load-time check on BUNDLE without loading it: zstd frame and checksum, member
+    list, sizes, sha256, safe names and types, size caps, manifest fields, and this host's CPU
+    features, torch and C++ ABI. Exit 0 when it would load, else 1 with one line per problem."""
+    from ascendc_pack_runtime.tools import verify_lines
+
+    lines, rc = verify_lines(bundle)
+    click.echo("\n".join(lines))
+    sys.exit(rc)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--inputs", "inputs_file", default=None, type=click.Path(dir_okay=False),
+              help="An .npz with one array per model input (named after the inputs, or in order).")
+@click.option("--random", "random_inputs", is_flag=True, help="Random inputs of the manifest's shapes (the default).")
+@click.option("--repeat", default=20, show_default=True, type=int, help="Timed calls.")
+@click.option("--warmup", default=1, show_default=True, type=int, help="Untimed calls first.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
+def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, warmup: int, seed: int) -> None:
+    """Load BUNDLE with the minimal runtime, run it and print the outputs' dtypes and shapes and
+    the latency percentiles p50/p90/p99."""
+    from ascendc_pack_runtime.tools import run_bundle
+
+    if inputs_file and random_inputs:
+        _fail(ValueError("pass either --inputs FILE.npz or --random, not both"))
+    lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed)
+    click.echo("\n".join(lines), err=rc != 0)
+    sys.exit(rc)

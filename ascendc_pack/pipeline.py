@@ -152,7 +152,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     """
     from . import autotune
     from . import compiler as compile_stage
-    from .bundle import write_bundle
+    from .bundle import build_bundle
     from .config import BuildConfig
     from .tune import PythonModeModule
 
@@ -172,8 +172,9 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     choices = pm.choices()
     t0 = time.perf_counter()
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
-    write_bundle(fused, captured.weights, choices, out, config)
+    report = build_bundle(fused, captured.weights, choices, out, config)
     seconds["bundle"] = time.perf_counter() - t0
+    seconds["graph_compile"] = report.graph.compile_seconds
     return BuildResult(output=out, choices=choices, seconds=seconds,
                        kernels_compiled=compile_stage.STATS.compiler_calls - calls0,
                        kernels_profiled=autotune.STATS.kernels_profiled - prof0)

@@ -1004,11 +1004,16 @@ def torch_lib_dir() -> Path:
     return Path(torch.__file__).resolve().parent / "lib"
 
 
-def graph_flags() -> list[str]:
-    """g++ flags of graph.so. No ``-march``: the graph only calls into ATen and the kernels, so
-    it stays portable; ``-w`` silences libtorch header noise (g++ 12 -Wstringop-overflow)."""
+def graph_flags(march: str | None = None) -> list[str]:
+    """g++ flags of graph.so; ``-w`` silences libtorch header noise (g++ 12 -Wstringop-overflow).
+
+    ``march``: the build's ``-march`` (the kernels' target). graph.so is compiled for the same
+    target so the ISA features the manifest records (``target.isa``, derived from that
+    ``-march``) cover every instruction in the bundle, even with a compiler whose default
+    ``-march`` is above the requested one."""
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["-std=c++20", "-O1", "-fPIC", "-shared", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    arch = [f"-march={march}"] if march else []
+    return ["-std=c++20", "-O1", *arch, "-fPIC", "-shared", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *[f"-I{d}" for d in torch_include_dirs()], f"-I{runtime_include_dir()}"]
 
 
@@ -1017,14 +1022,14 @@ def _link_flags() -> list[str]:
     return [f"-L{torch_lib_dir()}", "-lc10", "-ltorch_cpu", "-ldl"]
 
 
-def graph_cache_key(source: str, cxx: str = DEFAULT_CXX) -> str:
+def graph_cache_key(source: str, cxx: str = DEFAULT_CXX, march: str | None = None) -> str:
     """Content hash of a graph build: source, flags (machine paths replaced by the identity of
     what they point to), compiler identity and torch version."""
     inc = runtime_include_dir()
     h = hashlib.sha256()
     for p in sorted(inc.rglob("*.h")):
         h.update(p.relative_to(inc).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    flags = [f for f in graph_flags() if not f.startswith("-I")]
+    flags = [f for f in graph_flags(march) if not f.startswith("-I")]
     return stable_hash("ascendc-pack/graph/v1", GRAPH_TEMPLATE_VERSION, source, " ".join(flags),
                        " ".join(f for f in _link_flags() if not f.startswith("-L")),
                        compiler_identity(cxx), torch.__version__, str(torch.version.git_version),
@@ -1037,7 +1042,7 @@ def compile_graph(graph: GraphSource, config: BuildConfig, cxx: str = DEFAULT_CX
 
     Raises CompileError with the command and the compiler's output when g++ fails.
     """
-    key = graph_cache_key(graph.source, cxx)
+    key = graph_cache_key(graph.source, cxx, config.march)
     d = Path(config.cache_dir) / GRAPH_CACHE_SUBDIR / key
     so, cpp = d / "graph.so", d / "graph.cpp"
     compiler = _compiler_path(cxx)
@@ -1046,7 +1051,7 @@ def compile_graph(graph: GraphSource, config: BuildConfig, cxx: str = DEFAULT_CX
             return GraphLibrary(so, cpp, 0.0, True, [])
         atomic_write_text(cpp, graph.source)
         tmp = temp_path_for(so)
-        cmd = [compiler, *graph_flags(), "-o", str(tmp), str(cpp), *_link_flags()]
+        cmd = [compiler, *graph_flags(config.march), "-o", str(tmp), str(cpp), *_link_flags()]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

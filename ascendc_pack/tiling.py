@@ -179,13 +179,13 @@ def propose(spec: dict, target: Target, topn: int) -> list[Tiling]:
         seen.add(cand.kernel_key)
         scored.append(Tiling(params, cand, estimate_us(spec, params, target)))
     scored.sort(key=lambda t: (t.est_us, t.candidate.tiling_repr))
-    # keep the ranking diverse: the best of each schedule makes the cut before near-duplicates
-    best, rest, scheds = [], [], set()
+    # keep the choice diverse: the best of each (schedule, block_dim) comes before the
+    # runners-up, so even a small topn lets PGO compare schedules and thread counts (the cost
+    # model cannot know, e.g., that the other core is busy)
+    firsts, rest, seen_kinds = [], [], set()
     for t in scored:
-        key = (t.params["sched"], t.params["bd"])
-        (rest if key in scheds else best).append(t)
-        scheds.add(key)
-    ranked = sorted(best, key=lambda t: t.est_us) + rest
-    top = ranked[:MAX_CANDIDATES]
-    top.sort(key=lambda t: (t.est_us, t.candidate.tiling_repr))
-    return top[:max(1, min(topn, MAX_CANDIDATES))]
+        kind = (t.params["sched"], t.params["bd"])
+        (rest if kind in seen_kinds else firsts).append(t)
+        seen_kinds.add(kind)
+    ranked = (firsts + rest)[:max(1, min(topn, MAX_CANDIDATES))]
+    return sorted(ranked, key=lambda t: (t.est_us, t.candidate.tiling_repr))

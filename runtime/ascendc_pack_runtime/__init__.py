@@ -19,13 +19,19 @@ def include_dir() -> Path:
 
 
 # --- bundle loading (DESIGN 4.8) -------------------------------------------------------------
-from .errors import (BundleError, BundleFormatError, BundleIntegrityError,  # noqa: E402
-                     BundleLoadError, BundleNotFoundError, IncompatibleBundleError,
-                     UnsafeMemberError)
+from .errors import (ArchMismatchError, BackendUnavailableError, BundleError,  # noqa: E402,F401
+                     BundleFormatError, BundleIntegrityError, BundleLoadError, BundleNotFoundError,
+                     CorruptArchiveError, CxxAbiMismatchError, DuplicateMemberError, ExtraMemberError,
+                     FormatNameError, FormatVersionError, GraphLoadError, IncompatibleBundleError,
+                     KernelMismatchError, ManifestFieldError, ManifestJSONError, MemberHashError,
+                     MemberPathConflictError, MemberSizeError, MissingCpuFeaturesError, MissingMemberError,
+                     NotABundleError, SizeLimitError, TorchVersionMismatchError, UnsafeMemberError,
+                     UnsafeMemberNameError, UnsafeMemberTypeError)
+from .errors import __all__ as _error_names  # noqa: E402
+from .bundle import VerifyReport, read_manifest, verify_bundle  # noqa: E402
 from .model import Model, TensorSpec, load  # noqa: E402
 
 __all__ = [
     "__version__", "KERNEL_ABI_VERSION", "include_dir", "load", "Model", "TensorSpec",
-    "BundleError", "BundleNotFoundError", "BundleFormatError", "BundleIntegrityError",
-    "UnsafeMemberError", "IncompatibleBundleError", "BundleLoadError",
+    "verify_bundle", "VerifyReport", "read_manifest", *_error_names,
 ]

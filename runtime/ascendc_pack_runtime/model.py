@@ -23,7 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .bundle import (GRAPH_LIBRARY, Extracted, open_bundle)
-from .errors import BundleFormatError, BundleLoadError
+from .errors import GraphLoadError, KernelMismatchError, ManifestFieldError
 
 GRAPH_ABI_VERSION = 1
 
@@ -41,8 +41,9 @@ def _dtype(name: object, where: str) -> torch.dtype:
     try:
         return _DTYPES[name]  # type: ignore[index]
     except (KeyError, TypeError):
-        raise BundleFormatError(f"manifest.json: {where} has unsupported dtype {name!r}; rebuild the "
-                                "bundle or upgrade the runtime") from None
+        raise ManifestFieldError(f"manifest.json: field {where!r} has unsupported dtype {name!r}; rebuild the "
+                                 "bundle or upgrade the runtime", field=where,
+                                 fix="rebuild the bundle or upgrade the runtime") from None
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ class TensorSpec:
             stride = tuple(int(s) for s in d["stride"]) if d.get("stride") is not None else None
             return TensorSpec(str(d["name"]), shape, _dtype(d["dtype"], where), stride)
         except (KeyError, TypeError, ValueError):
-            raise BundleFormatError(f"manifest.json: {where} is malformed ({d!r}); the bundle is "
-                                    "corrupt") from None
+            raise ManifestFieldError(f"manifest.json: field {where!r} is malformed ({str(d)[:200]}); the bundle "
+                                     "is corrupt: rebuild it", field=where, fix="rebuild the bundle") from None
 
     def __str__(self) -> str:
         return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
@@ -78,7 +79,8 @@ def _load_weights(directory: Path, manifest: dict) -> list[torch.Tensor]:
     path = directory / str(info.get("file", ""))
     entries = info.get("tensors")
     if not isinstance(entries, list):
-        raise BundleFormatError("manifest.json: weights.tensors is missing; the bundle is corrupt")
+        raise ManifestFieldError("manifest.json: field 'weights.tensors' is missing; the bundle is corrupt: "
+                                 "rebuild it", field="weights.tensors", fix="rebuild the bundle")
     size = path.stat().st_size
     buf = None
     if size > 0:
@@ -94,14 +96,15 @@ def _load_weights(directory: Path, manifest: dict) -> list[torch.Tensor]:
             stride = tuple(int(s) for s in e["stride"])
             offset, nbytes = int(e["offset"]), int(e["nbytes"])
         except (KeyError, TypeError, ValueError):
-            raise BundleFormatError(f"manifest.json: {where} is malformed; the bundle is corrupt") from None
+            raise ManifestFieldError(f"manifest.json: field {where!r} is malformed; the bundle is corrupt: "
+                                     "rebuild it", field=where, fix="rebuild the bundle") from None
         itemsize = dtype.itemsize
         span = 0 if any(s == 0 for s in shape) else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
         if len(shape) != len(stride) or any(st < 0 for st in stride) or nbytes != span * itemsize \
                 or offset < 0 or offset % itemsize or offset + nbytes > size:
-            raise BundleFormatError(f"manifest.json: {where} ({e.get('name')}) does not fit weights.bin "
-                                    f"(offset {offset}, {nbytes} bytes, file {size} bytes); the bundle "
-                                    "is corrupt, rebuild it")
+            raise ManifestFieldError(f"manifest.json: field {where!r} ({e.get('name')}) does not fit weights.bin "
+                                     f"(offset {offset}, {nbytes} bytes, file {size} bytes); the bundle "
+                                     "is corrupt: rebuild it", field=where, fix="rebuild the bundle")
         if nbytes == 0:
             tensors.append(torch.empty_strided(shape, stride, dtype=dtype))
             continue
@@ -130,6 +133,7 @@ class Model:
         self.path = extracted.path
         self.directory = extracted.directory
         self.bundle_sha256 = extracted.bundle_sha256
+        self.extracted = extracted.extracted   # True when this load extracted the bundle (else reused)
         self.name = str(m.get("model", {}).get("name", "model"))
         self.input_specs = [TensorSpec.from_json(d, f"inputs[{i}]") for i, d in enumerate(m["inputs"])]
         self.output_specs = [TensorSpec.from_json(d, f"outputs[{i}]") for i, d in enumerate(m["outputs"])]
@@ -137,7 +141,8 @@ class Model:
         self._mutated = []
         for mu in m["mutations"]:
             if not isinstance(mu, dict) or mu.get("input") not in self._input_index:
-                raise BundleFormatError(f"manifest.json: mutation {mu!r} names no input; the bundle is corrupt")
+                raise ManifestFieldError(f"manifest.json: field 'mutations': {mu!r} names no input; the bundle "
+                                         "is corrupt: rebuild it", field="mutations", fix="rebuild the bundle")
             self._mutated.append(self._input_index[mu["input"]])
         self._aliases = {}
         for i, o in enumerate(m["outputs"]):
@@ -156,7 +161,13 @@ class Model:
         try:
             self._handle = self._ops.init(weights, str(self.directory))
         except RuntimeError as e:
-            raise BundleLoadError(f"{self.path}: the graph refused to load: {_first_line(e)}") from None
+            msg = _first_line(e)
+            cls = KernelMismatchError if ("is not the kernel this graph was built with" in msg
+                                          or "does not export" in msg) else GraphLoadError
+            lib = str(m["graph"].get("library", GRAPH_LIBRARY))
+            member = next((k["file"] for k in m["kernels"] if k.get("file") and k["file"] in msg), lib)
+            raise cls(f"{self.path}: the graph ({lib}) refused to load: {msg}; rebuild the bundle",
+                      member=member, fix="rebuild the bundle") from None
         self._run = self._ops.run
 
     # ------------------------------------------------------------------------------------
@@ -247,10 +258,12 @@ def _graph_ops(directory: Path, manifest: dict):
     g = manifest["graph"]
     ns = g.get("namespace")
     if not isinstance(ns, str) or not _NAMESPACE_RE.fullmatch(ns):
-        raise BundleFormatError(f"manifest.json: graph.namespace {ns!r} is invalid; the bundle is corrupt")
+        raise ManifestFieldError(f"manifest.json: field 'graph.namespace' is {ns!r}, not a valid namespace; the "
+                                 "bundle is corrupt: rebuild it", field="graph.namespace", fix="rebuild the bundle")
     if g.get("abi") != GRAPH_ABI_VERSION:
-        raise BundleFormatError(f"manifest.json: graph ABI {g.get('abi')!r}, this runtime speaks "
-                                f"{GRAPH_ABI_VERSION}; rebuild the bundle or upgrade the runtime")
+        raise KernelMismatchError(f"manifest.json: field 'graph.abi' is {g.get('abi')!r}, this runtime speaks "
+                                  f"graph ABI {GRAPH_ABI_VERSION}; rebuild the bundle or upgrade the runtime",
+                                  field="graph.abi", fix="rebuild the bundle or upgrade the runtime")
     lib = directory / str(g.get("library", GRAPH_LIBRARY))
     with _LOAD_LOCK:
         ops = getattr(torch.ops, ns)
@@ -259,26 +272,36 @@ def _graph_ops(directory: Path, manifest: dict):
                 torch.ops.load_library(str(lib))
             except OSError as e:
                 cause = e.__cause__ or e
-                raise BundleLoadError(f"cannot load {lib.name} of the bundle: {cause}; it was built "
-                                      f"against torch {manifest['torch'].get('version')} (this process "
-                                      f"has {torch.__version__})") from None
+                raise GraphLoadError(f"cannot load {lib.name} of the bundle: {cause}; it was built "
+                                     f"against torch {manifest['torch'].get('version')} (this process "
+                                     f"has {torch.__version__}): rebuild the bundle with this torch",
+                                     member=lib.name, fix="rebuild the bundle with this torch") from None
             if not _registered(ops):
-                raise BundleLoadError(f"{lib.name} does not register the operators {ns}::run/init; "
-                                      "the bundle is corrupt, rebuild it")
+                raise GraphLoadError(f"{lib.name} does not register the operators {ns}::run/init; "
+                                     "the bundle is corrupt: rebuild it", member=lib.name, fix="rebuild the bundle")
     try:
         sig = json.loads(ops.signature())
     except (RuntimeError, ValueError) as e:
-        raise BundleLoadError(f"{lib.name}: cannot read its signature ({e}); rebuild the bundle") from None
+        raise GraphLoadError(f"{lib.name}: cannot read its signature ({e}); rebuild the bundle",
+                             member=lib.name, fix="rebuild the bundle") from None
     want = [{"name": k.get("name"), "kernel_key": k.get("kernel_key"), "file": k.get("file")}
             for k in manifest["kernels"]]
     have = sig.get("kernels")
     if sorted(json.dumps(k, sort_keys=True) for k in want) != \
             sorted(json.dumps(k, sort_keys=True) for k in (have or [])):
-        raise BundleLoadError(f"{lib.name} was built for kernels {have}, the manifest lists {want}; the "
-                              "bundle was assembled from mismatched files, rebuild it")
+        raise KernelMismatchError(f"{lib.name} was built for kernels {have}, the manifest lists {want}; the "
+                                  "bundle was assembled from mismatched files: rebuild it", member=lib.name,
+                                  fix="rebuild the bundle")
+    counts = {"n_inputs": len(manifest["inputs"]), "n_outputs": len(manifest["outputs"]),
+              "n_weights": len(manifest["weights"].get("tensors", []))}
+    for key, n in counts.items():
+        if key in sig and sig[key] != n:
+            raise KernelMismatchError(f"{lib.name} was built for {sig[key]} {key[2:]}, the manifest lists {n}; the "
+                                      "bundle was assembled from mismatched files: rebuild it", member=lib.name,
+                                      field=key[2:], fix="rebuild the bundle")
     if sig.get("graph_abi") != GRAPH_ABI_VERSION:
-        raise BundleLoadError(f"{lib.name} speaks graph ABI {sig.get('graph_abi')}, this runtime "
-                              f"{GRAPH_ABI_VERSION}; rebuild the bundle")
+        raise KernelMismatchError(f"{lib.name} speaks graph ABI {sig.get('graph_abi')}, this runtime "
+                                  f"{GRAPH_ABI_VERSION}; rebuild the bundle", member=lib.name, fix="rebuild the bundle")
     return ops
 
 

@@ -1,0 +1,218 @@
+"""The runtime's command-line tools: inspect, verify, run and extract a bundle.
+
+Used by ``ascendc-pack inspect|verify|run`` (click, in ``ascendc_pack.cli``) and by
+``python -m ascendc_pack_runtime`` (argparse, for machines with the runtime only). Every
+function returns text / data and an exit status instead of printing, so both front ends share
+one implementation; only torch, zstandard and (for ``--inputs FILE.npz``) numpy are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from .bundle import open_bundle, read_manifest, verify_bundle
+from .errors import BundleError
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _spec(d: dict) -> str:
+    extra = f" (= input {d['input_index']})" if d.get("input_index") is not None else ""
+    return f"{d.get('name')}: {d.get('dtype')}{list(d.get('shape', []))}{extra}"
+
+
+def inspect_text(manifest: dict, path: Path | str | None = None) -> str:
+    """A readable summary of a (validated) manifest: model, target, io, weights, kernels with
+    every candidate's median time, the chosen one and whether PGO visited it."""
+    m = manifest
+    lines = []
+    prod = m.get("producer", {})
+    lines.append(f"bundle   {path}" if path is not None else "bundle")
+    lines.append(f"model    {m.get('model', {}).get('name', '?')}  (format {m.get('format')} "
+                 f"v{m.get('format_version')}, built by {prod.get('name', '?')} {prod.get('version', '?')})")
+    t = m.get("target", {})
+    isa = t.get("isa", [])
+    lines.append(f"target   {m.get('backend')} {t.get('arch', '?')} -march={t.get('march', '?')}  "
+                 f"({len(isa)} ISA features: {' '.join(isa) if isa else '-'})")
+    lines.append(f"compiler {t.get('compiler', '?')}")
+    tv = m.get("torch", {})
+    lines.append(f"torch    {tv.get('version')}  cxx11_abi={tv.get('cxx11_abi')}")
+    cores = m.get("core_limit")
+    lines.append(f"cores    limit {cores if cores is not None else 'none'}, tuned for {m.get('cores', '?')}, "
+                 f"topn {m.get('topn', '?')}")
+    lines.append("inputs")
+    lines += [f"  {_spec(d)}" for d in m.get("inputs", [])]
+    lines.append("outputs")
+    lines += [f"  {_spec(d)}" for d in m.get("outputs", [])]
+    for mu in m.get("mutations", []):
+        lines.append(f"  mutates input {mu.get('input')} in place ({mu.get('value')})")
+    w = m.get("weights", {})
+    tensors = w.get("tensors", [])
+    lines.append(f"weights  {len(tensors)} tensors, {_fmt_bytes(sum(t.get('nbytes', 0) for t in tensors))} "
+                 f"in {w.get('file')}")
+    mem = m.get("graph", {}).get("memory", {})
+    if mem:
+        lines.append(f"graph    arena {_fmt_bytes(mem.get('arena_bytes', 0))} for {mem.get('arena_buffers', 0)} "
+                     f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(mem.get("steps", {}).items())))
+    kernels = m.get("kernels", [])
+    visited = sum(1 for k in kernels if k.get("visited"))
+    lines.append(f"kernels  {len(kernels)} fused, {visited} visited by PGO")
+    for k in kernels:
+        tag = "visited" if k.get("visited") else "not visited (candidate 0 kept)"
+        lines.append(f"  {k.get('name')}  chosen #{k.get('chosen_index')} key {k.get('kernel_key')}  "
+                     f"block_dim {k.get('block_dim')}  workspace {k.get('workspace')}  [{tag}]")
+        lines.append(f"    tiling {k.get('tiling_repr')}")
+        for c in k.get("candidates", []):
+            mark = "*" if c.get("index") == k.get("chosen_index") else " "
+            med = c.get("median_us")
+            timing = "failed" if c.get("failed") else ("not timed" if med is None else f"{med:.1f} us")
+            lines.append(f"    {mark} #{c.get('index')} {timing:>12}  block_dim {c.get('block_dim')}  "
+                         f"{c.get('tiling_repr')}")
+    members = m.get("members", {})
+    lines.append(f"members  {len(members)} files, {_fmt_bytes(sum(i.get('size', 0) for i in members.values()))} "
+                 "uncompressed")
+    for name, info in members.items():
+        lines.append(f"  {name}  {_fmt_bytes(info.get('size', 0))}  sha256 {str(info.get('sha256'))[:16]}...")
+    return "\n".join(lines)
+
+
+def inspect_bundle(path: Path | str, as_json: bool = False) -> tuple[str, int]:
+    """(text, exit status) of ``inspect``: the summary, or the manifest as JSON."""
+    try:
+        manifest = read_manifest(path)
+    except BundleError as e:
+        return f"error: {e.kind}: {e}", 1
+    if as_json:
+        return json.dumps(manifest, indent=1), 0
+    return inspect_text(manifest, path), 0
+
+
+def verify_lines(path: Path | str) -> tuple[list[str], int]:
+    """(lines, exit status) of ``verify``: one line per problem (``<ErrorClass>: message``), or
+    one ``OK`` line."""
+    rep = verify_bundle(path)
+    if rep.ok:
+        m = rep.manifest or {}
+        checksum = "zstd checksum verified" if rep.has_checksum else "no zstd checksum in this bundle"
+        return [f"OK {path}: {m.get('model', {}).get('name', '?')}, {rep.members_checked} members verified "
+                f"(sizes and sha256), {checksum}, compatible with this host"], 0
+    return [f"{p.kind}: {p}" for p in rep.problems], 1
+
+
+def _load_inputs(model, inputs_file: str | None, seed: int):
+    import torch
+
+    specs = model.input_specs
+    if inputs_file is None:
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for s in specs:
+            if s.dtype.is_floating_point or s.dtype.is_complex:
+                t = torch.randn(s.shape, generator=g, dtype=s.dtype)
+            elif s.dtype == torch.bool:
+                t = torch.randint(0, 2, s.shape, generator=g).bool()
+            else:
+                t = torch.randint(0, 10, s.shape, generator=g, dtype=s.dtype)
+            out.append(t)
+        return out
+    try:
+        import numpy as np
+    except ImportError:
+        raise ValueError("--inputs FILE.npz needs numpy; install it or use --random") from None
+    with np.load(inputs_file, allow_pickle=False) as data:
+        keys = list(data.keys())
+        if all(s.name in keys for s in specs):
+            arrays = [data[s.name] for s in specs]
+        elif len(keys) == len(specs):
+            arrays = [data[k] for k in sorted(keys, key=lambda k: (len(k), k))]  # arr_0, arr_1, ... arr_10
+        else:
+            names = ", ".join(s.name for s in specs)
+            raise ValueError(f"{inputs_file} holds arrays {keys}; the model takes {len(specs)} inputs ({names}): "
+                             "name the arrays after the inputs or store them in order")
+        return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+
+
+def _percentile(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return math.nan
+    k = (len(sorted_ms) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (k - lo)
+
+
+def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int = 20, warmup: int = 1,
+               seed: int = 0, cache_dir: str | None = None) -> tuple[list[str], int, dict]:
+    """(lines, exit status, results) of ``run``: load, call ``warmup + repeat`` times, report
+    output dtypes/shapes and latency percentiles (milliseconds)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from .model import load
+
+    if repeat < 1:
+        return ["error: --repeat must be at least 1"], 1, {}
+    try:
+        t0 = time.perf_counter()
+        model = load(path, cache_dir=cache_dir)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        inputs = _load_inputs(model, inputs_file, seed)
+        mutates = bool(model.manifest.get("mutations"))
+        out = None
+        times = []
+        for k in range(warmup + repeat):
+            args = [t.clone() for t in inputs] if mutates else inputs
+            t = time.perf_counter()
+            res = model(*args)
+            dt = (time.perf_counter() - t) * 1e3
+            if k == 0:
+                out = res
+            if k >= warmup:
+                times.append(dt)
+    except BundleError as e:
+        return [f"error: {e.kind}: {e}"], 1, {}
+    except (ValueError, OSError) as e:
+        return [f"error: {e}"], 1, {}
+    flat, _ = pytree.tree_flatten(out)
+    lines = [f"model {model.name}: loaded in {load_ms:.1f} ms from {model.directory}",
+             f"inputs: {'random (seed %d)' % seed if inputs_file is None else inputs_file}: "
+             + ", ".join(f"{s.name} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+                         for s, t in zip(model.input_specs, inputs))]
+    outputs = []
+    for i, t in enumerate(flat):
+        if isinstance(t, torch.Tensor):
+            desc = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+            outputs.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)})
+        else:
+            desc = repr(t)
+            outputs.append({"value": repr(t)})
+        lines.append(f"output {i}: {desc}")
+    times.sort()
+    pct = {f"p{q}": _percentile(times, q / 100) for q in (50, 90, 99)}
+    lines.append(f"latency over {repeat} call(s) (+{warmup} warm-up): " +
+                 ", ".join(f"{k} {v:.3f} ms" for k, v in pct.items()) +
+                 f", min {times[0]:.3f} ms, max {times[-1]:.3f} ms")
+    model.close()
+    return lines, 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms}
+
+
+def extract(path: Path | str, cache_dir: str | None = None, verify: str = "sizes") -> tuple[str, int]:
+    """(directory or error line, exit status) of ``extract``: verify and extract the bundle
+    into the cache (for the C++ API)."""
+    try:
+        ex = open_bundle(path, cache_dir=cache_dir, verify=verify)
+    except BundleError as e:
+        return f"error: {e.kind}: {e}", 1
+    return str(ex.directory), 0
+
+
+__all__ = ["inspect_text", "inspect_bundle", "verify_lines", "run_bundle", "extract"]
