@@ -169,9 +169,19 @@ class Model:
             raise cls(f"{self.path}: the graph ({lib}) refused to load: {msg}; rebuild the bundle",
                       member=member, fix="rebuild the bundle") from None
         self._run = self._ops.run
+        # per input: (dtype, shape, exact stride) accepted without any copy or further check
+        self._fast = [(sp.dtype, torch.Size(sp.shape), sp.stride) for sp in self.input_specs]
 
     # ------------------------------------------------------------------------------------
     def _prepare(self, inputs: tuple) -> tuple[list, dict]:
+        if len(inputs) == len(self._fast):  # fast path: every input exactly as the graph expects
+            for t, (dtype, shape, stride) in zip(inputs, self._fast):
+                if (type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != shape
+                        or (stride is not None and t.stride() != stride) or t.device.type != "cpu"
+                        or t.is_conj() or t.is_neg() or t.layout is not torch.strided):
+                    break
+            else:
+                return list(inputs), {}
         specs = self.input_specs
         if len(inputs) != len(specs):
             names = ", ".join(s.name for s in specs)
@@ -206,11 +216,14 @@ class Model:
         if self._handle is None:
             raise RuntimeError(f"model {self.name!r} was closed")
         prepared, copies = self._prepare(inputs)
-        with torch.no_grad():
+        if copies or any(t.requires_grad for t in prepared):
+            with torch.no_grad():
+                flat = list(self._run(self._handle, prepared))
+                for i in self._mutated:
+                    if i in copies:
+                        copies[i].copy_(prepared[i])
+        else:  # no autograd involved: skip the no_grad context (a measurable part of a small call)
             flat = list(self._run(self._handle, prepared))
-            for i in self._mutated:
-                if i in copies:
-                    copies[i].copy_(prepared[i])
         for out_i, in_i in self._aliases.items():
             flat[out_i] = inputs[in_i]
         return flat
