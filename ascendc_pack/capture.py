@@ -168,6 +168,8 @@ def _convert_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> Program:
                                   operands=[o.name for o in operands], outputs=outs))
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             val = node.meta.get("val")
+            if val is None and not node.users:
+                continue  # a check such as aten._assert_tensor_metadata (from .to()): nothing to run
             kwargs = {k: arg(v) for k, v in node.kwargs.items()}
             if isinstance(val, (tuple, list)):
                 outs = [None] * len(val)

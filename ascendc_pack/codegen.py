@@ -15,6 +15,7 @@ template writes the loops for the tiling's schedule:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,8 +29,6 @@ from .ops import (BINARY, BOOL_CTYPE, COMPARISONS, COMPUTE_TYPE, FLOAT_DTYPES, L
 
 ROUND_FN = {"float16": "ap_round_f16", "bfloat16": "ap_round_bf16"}  # round a float to a 16-bit dtype
 
-TEMPLATE_VERSION = "fused-v1"
-
 
 @lru_cache(maxsize=1)
 def template_env() -> jinja2.Environment:
@@ -40,6 +39,21 @@ def template_env() -> jinja2.Environment:
         root = Path(__file__).resolve().parents[1] / "templates"
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def _generator_version() -> str:
+    """Version of the generated code: changes whenever the kernel template or the code that
+    writes the C (this module, the op tables) changes, so cached kernels are never reused
+    across generator fixes."""
+    env = template_env()
+    template, _, _ = env.loader.get_source(env, "kernel/fused.cpp.j2")
+    h = hashlib.sha256(template.encode())
+    for module in (Path(__file__), Path(__file__).with_name("ops.py")):
+        h.update(module.read_bytes())
+    return "fused-v2-" + h.hexdigest()[:16]
+
+
+TEMPLATE_VERSION = _generator_version()
 
 
 @dataclass(frozen=True)
@@ -201,7 +215,11 @@ class Emitter:
             expr = TERNARY["where"].format(a=c, b=a, c=b)
         elif op == "pow" and out_t not in ("float", "double"):
             a, b = (self._arg(x, out_t, scope) for x in args)
-            expr = f"ap_ipow<{out_t}>({a}, {b})"
+            e = self.nodes[args[1]]
+            if e["kind"] == "const" and not isinstance(e["value"], str) and 1 <= e["value"] <= 4:
+                expr = "(" + " * ".join([a] * int(e["value"])) + ")"  # a loop-free power vectorizes
+            else:
+                expr = f"ap_ipow<{out_t}>({a}, {b})"
         elif op == "pow" and self.nodes[args[1]]["kind"] == "const":
             expr = self._pow_const(args, out_t, scope)
         elif op in PREDICATES:
@@ -211,11 +229,11 @@ class Emitter:
         elif op in ROUNDING and out_t not in ("float", "double"):
             expr = self._arg(args[0], out_t, scope)
         elif op == "abs" and out_t in ("float", "double"):
-            expr = f"std::fabs({self._arg(args[0], out_t, scope)})"
+            expr = f"ap_fabs({self._arg(args[0], out_t, scope)})"
         elif op in ("div_trunc", "div_floor") and dtype in ROUND_FN:
             # torch rounds the quotient (and the floor's intermediates) to the 16-bit dtype
             a, b = (self._arg(x, out_t, scope) for x in args)
-            expr = f"std::trunc({ROUND_FN[dtype]}({a} / {b}))" if op == "div_trunc" else \
+            expr = f"ap_trunc({ROUND_FN[dtype]}({a} / {b}))" if op == "div_trunc" else \
                 f"ap_div_floor({a}, {b}, {ROUND_FN[dtype]})"
         elif op in UNARY:
             expr = UNARY[op].format(a=self._arg(args[0], out_t, scope))
@@ -234,11 +252,11 @@ class Emitter:
         e = self.nodes[args[1]]["value"]
         e = float(e) if isinstance(e, str) else e
         a = self._arg(args[0], out_t, scope)
-        special = {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"std::sqrt({a})",
-                   -1.0: f"(1 / {a})", 0.0: c_literal(1, out_t), -0.5: f"(1 / std::sqrt({a}))"}
+        special = {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"ap_sqrt({a})",
+                   -1.0: f"(1 / {a})", 0.0: c_literal(1, out_t), -0.5: f"(1 / ap_sqrt({a}))"}
         if float(e) in special and out_t in ("float", "double"):
             return special[float(e)]
-        return f"std::pow({a}, {c_literal(e, out_t)})"
+        return f"ap_pow({a}, {c_literal(e, out_t)})"
 
     def _promote(self, args) -> str:
         types = [self.nodes[a]["dtype"] for a in args]

@@ -73,7 +73,8 @@ def is_fusible(step: Step, values) -> bool:
         dev = step.kwargs.get("device")
         if dev is not None and torch.device(dev).type != "cpu":
             return False
-    if step.op == "aten.div.Tensor_mode" or step.op == "aten.div.Scalar_mode":
+    if step.op in ("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.fmod.Tensor", "aten.fmod.Scalar"):
+        # integer division / remainder: C's semantics differ and a zero divisor must raise
         if out.dtype not in ("float32", "float64", "float16", "bfloat16"):
             return False
     if step.op in ("aten.clamp.Tensor",):

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 
-from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS
+import torch
+
+from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, FLOAT_DTYPES
 from .program import AtenStep, Ref
 
 SPEC_VERSION = 1
@@ -42,21 +44,23 @@ class _Builder:
         self.n_axes = len(an.axis_sizes)
 
     def add(self, node: dict) -> int:
+        # every node is a pure function of its fields: identical nodes are one (CSE)
         key = tuple(sorted((k, str(v)) for k, v in node.items()))
-        if node["kind"] in ("load", "const") and key in self.memo:
+        if key in self.memo:
             return self.memo[key]
         node["id"] = len(self.nodes)
         self.nodes.append(node)
-        if node["kind"] in ("load", "const"):
-            self.memo[key] = node["id"]
+        self.memo[key] = node["id"]
         return node["id"]
 
     def const(self, value, dtype) -> int:
         if isinstance(value, bool):
             return self.add({"kind": "const", "value": bool(value), "dtype": "bool"})
-        if isinstance(value, int):
+        if isinstance(value, int) and dtype not in FLOAT_DTYPES:
             return self.add({"kind": "const", "value": value, "dtype": dtype or "pyint"})
         v = float(value)
+        if dtype in ("float16", "bfloat16"):  # a 16-bit constant tensor holds the rounded value
+            v = float(torch.tensor(v, dtype=getattr(torch, dtype)).float())
         text = repr(v) if math.isfinite(v) else str(v)
         return self.add({"kind": "const", "value": text, "dtype": dtype or "pyfloat"})
 

@@ -44,27 +44,27 @@ VIEW_OPS = {
 # pointwise ops: canonical name and C template over compute-type operands {a},{b},{c}
 UNARY = {
     "neg": "(-{a})", "abs": "({a} < 0 ? -{a} : {a})", "exp": "ap_exp({a})", "log": "ap_log({a})",
-    "log1p": "ap_log1p({a})", "expm1": "ap_expm1({a})", "sqrt": "std::sqrt({a})",
-    "rsqrt": "(1 / std::sqrt({a}))", "reciprocal": "(1 / {a})", "tanh": "ap_tanh({a})",
+    "log1p": "ap_log1p({a})", "expm1": "ap_expm1({a})", "sqrt": "ap_sqrt({a})",
+    "rsqrt": "(1 / ap_sqrt({a}))", "reciprocal": "(1 / {a})", "tanh": "ap_tanh({a})",
     "sigmoid": "ap_sigmoid({a})", "erf": "ap_erf({a})", "relu": "({a} < 0 ? 0 : {a})",
-    "sign": "({a} > 0 ? 1 : ({a} < 0 ? -1 : 0))", "floor": "std::floor({a})",
-    "ceil": "std::ceil({a})", "round": "ap_nearbyint({a})", "trunc": "std::trunc({a})",
-    "sin": "std::sin({a})", "cos": "std::cos({a})", "logical_not": "(!{a})",
+    "sign": "({a} > 0 ? 1 : ({a} < 0 ? -1 : 0))", "floor": "ap_floor({a})",
+    "ceil": "ap_ceil({a})", "round": "ap_nearbyint({a})", "trunc": "ap_trunc({a})",
+    "sin": "ap_sin({a})", "cos": "ap_cos({a})", "logical_not": "(!{a})",
     "bitwise_not": "(~{a})", "bool_not": "(!{a})", "isnan": "({a} != {a})",
-    "isinf": "(std::fabs({a}) == INFINITY)", "identity": "{a}", "exp2": "ap_exp({a} * 0.6931471805599453f)",
+    "isinf": "(ap_fabs({a}) == INFINITY)", "identity": "{a}", "exp2": "ap_exp({a} * 0.6931471805599453f)",
     "square": "({a} * {a})",
 }
 BINARY = {
     "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
-    "div_trunc": "std::trunc({a} / {b})", "div_floor": "ap_div_floor({a}, {b})",
+    "div_trunc": "ap_trunc({a} / {b})", "div_floor": "ap_div_floor({a}, {b})",
     "maximum": "(({a} > {b} || {a} != {a}) ? {a} : {b})",
     "minimum": "(({a} < {b} || {a} != {a}) ? {a} : {b})",
-    "pow": "std::pow({a}, {b})", "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})",
+    "pow": "ap_pow({a}, {b})", "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})",
     "le": "({a} <= {b})", "gt": "({a} > {b})", "ge": "({a} >= {b})",
     "logical_and": "({a} && {b})", "logical_or": "({a} || {b})", "logical_xor": "({a} != {b})",
     "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})",
     "clamp_lo": "({a} < {b} ? {b} : {a})", "clamp_hi": "({a} > {b} ? {b} : {a})",
-    "atan2": "std::atan2({a}, {b})", "fmod": "std::fmod({a}, {b})",
+    "atan2": "ap_atan2({a}, {b})", "fmod": "ap_fmod({a}, {b})",
 }
 TERNARY = {"where": "({a} ? {b} : {c})"}
 PREDICATES = {"isnan", "isinf"}  # bool result computed from the operand in its own type
@@ -136,7 +136,8 @@ def reduce_identity(kind: str, ctype: str) -> str:
         return "1"
     if ctype in ("float", "double"):
         return "-INFINITY" if kind == "amax" else "INFINITY"
-    return f"std::numeric_limits<{ctype}>::{'lowest' if kind == 'amax' else 'max'}()"
+    bits = {"int64_t": 64, "int32_t": 32, BOOL_CTYPE: 32}[ctype]
+    return f"INT{bits}_MIN" if kind == "amax" else f"INT{bits}_MAX"
 
 
 def c_literal(value, ctype: str) -> str:
