@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .kernel_spec import build_spec
 from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, SUPPORTED_DTYPES, VIEW_OPS
-from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, Step
+from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Step
 
 MAX_GROUP_STEPS = 96
 
@@ -637,8 +636,4 @@ def fuse(model: ModelProgram) -> ModelProgram:
     )
 
 
-def kernel_count(program: Program) -> int:
-    return len(program.fused_steps())
-
-
-__all__ = ["fuse", "fuse_program", "is_fusible", "Fuser", "Analysis", "math"]
+__all__ = ["fuse", "fuse_program", "is_fusible", "Fuser", "Analysis"]
