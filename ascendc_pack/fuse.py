@@ -365,7 +365,13 @@ class Fuser:
                 raise NotFusible("two dims of one value on one axis")
             value_dims[out] = dims
         # ordering of axes: follow the dims of the largest value, reduce axes last
-        order = _axis_order(value_dims, sizes, raxes)
+        load_orders = []
+        for op in operands.values():
+            if isinstance(op, Load):
+                dims = [(op.strides[d], axis_of[("l", (op.base, op.shape, op.strides, op.offset), d)])
+                        for d in range(len(op.shape)) if ("l", (op.base, op.shape, op.strides, op.offset), d) in axis_of]
+                load_orders.append([a for _, a in sorted(dims, key=lambda sa: -sa[0])])
+        order = _axis_order(value_dims, sizes, raxes, load_orders)
         remap = {a: k for k, a in enumerate(order)}
         sizes = [sizes[a] for a in order]
         raxes = {remap[a] for a in raxes}
@@ -520,17 +526,20 @@ def _keepdim(step: AtenStep) -> bool:
     return bool(step.kwargs.get("keepdim", False))
 
 
-def _axis_order(value_dims, sizes, raxes) -> list[int]:
-    """Axes in the dim order of the value spanning the most axes; kept axes first."""
-    best = max(value_dims.values(), key=lambda dims: (len([a for a in dims if a is not None]),), default=[])
-    order = [a for a in best if a is not None]
-    for dims in value_dims.values():
-        for a in dims:
-            if a is not None and a not in order:
-                order.insert(0, a)
-    for a in range(len(sizes)):
-        if a not in order:
-            order.insert(0, a)
+def _axis_order(value_dims, sizes, raxes, load_orders=()) -> list[int]:
+    """Axes in the dim order of the value spanning the most axes (a load's memory order when a
+    load spans more, e.g. under a full reduction); kept axes first."""
+    seqs = [[a for a in dims if a is not None] for dims in value_dims.values()]
+    best = max(seqs, key=len, default=[])
+    for seq in load_orders:
+        if len(seq) > len(best):
+            best = seq
+    order = list(best)
+    for seq in seqs + list(load_orders):
+        for a in seq:
+            if a not in order:
+                order.append(a)
+    order += [a for a in range(len(sizes)) if a not in order]
     return [a for a in order if a not in raxes] + [a for a in order if a in raxes]
 
 
