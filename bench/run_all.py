@@ -55,16 +55,10 @@ def git_state() -> str:
 
 
 def command_line(argv: list[str]) -> str:
-    """The command that reproduces this run (paths relative to the working directory)."""
-
-    def rel(p: Path) -> str:
-        try:
-            return str(p.resolve().relative_to(Path.cwd().resolve()))
-        except ValueError:
-            return str(p)
-
-    return f"cd {ROOT} && " + shlex.join([rel(Path(sys.executable)) if Path(sys.executable).is_relative_to(ROOT)
-                                          else sys.executable, rel(Path(__file__)), *argv])
+    """The command that reproduces this run, from the repository root (no absolute paths)."""
+    exe = Path(sys.executable)
+    python = os.path.relpath(exe, ROOT) if exe.absolute().is_relative_to(ROOT) else "python"
+    return shlex.join([python, os.path.relpath(Path(__file__).absolute(), ROOT), *argv])
 
 
 def chart(results: list[dict], path: Path, topn: int) -> None:

@@ -1,32 +1,32 @@
 """A larger benchmark model: 4 pre-norm transformer layers, d=512, 8 heads, MLP 2048 (GELU tanh),
 final LayerNorm; batch 8, sequence 128 (model.py contract: get_model / get_example_inputs)."""
+import importlib.util
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn
 
 LAYERS, D, HEADS, HIDDEN, BATCH, SEQ = 4, 512, 8, 2048, 8, 128
 
 
-class Layer(nn.Module):
-    def __init__(self, d=D, heads=HEADS, hidden=HIDDEN):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, hidden)
-        self.fc2 = nn.Linear(hidden, d)
+def _example_block():
+    """The TransformerBlock of examples/transformer_block.py (one definition of a layer)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "transformer_block.py"
+    spec = importlib.util.spec_from_file_location("_ascendc_pack_example_transformer_block", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.export needs the defining module registered
+    spec.loader.exec_module(module)
+    return module.TransformerBlock
 
-    def forward(self, x):
-        h = self.ln1(x)
-        a, _ = self.attn(h, h, h, need_weights=False)
-        x = x + a
-        h = nn.functional.gelu(self.fc1(self.ln2(x)), approximate="tanh")
-        return x + self.fc2(h)
+
+Layer = _example_block()
 
 
 class Transformer(nn.Module):
     def __init__(self, layers=LAYERS):
         super().__init__()
-        self.layers = nn.ModuleList(Layer() for _ in range(layers))
+        self.layers = nn.ModuleList(Layer(D, HEADS, HIDDEN) for _ in range(layers))
         self.norm = nn.LayerNorm(D)
 
     def forward(self, x):
