@@ -481,6 +481,11 @@ class _SafeTarInfo(tarfile.TarInfo):
         return super()._proc_member(tarfile_obj)
 
 
+def _stream_corrupt(path: Path, e: Exception) -> CorruptArchiveError:
+    """The error for a decompression/tar failure while streaming the bundle."""
+    return _corrupt(path, f"the bundle is truncated or corrupt ({type(e).__name__}: {str(e)[:300]})")
+
+
 def _stream_errors():
     import zstandard
 
@@ -702,7 +707,7 @@ def _scan(path: Path, dest: Path | None, report: Callable[[BundleError], None],
     except BundleError:
         raise
     except _stream_errors() as e:
-        raise _corrupt(path, f"the bundle is truncated or corrupt ({type(e).__name__}: {str(e)[:300]})") from None
+        raise _stream_corrupt(path, e) from None
     finally:
         if tar is not None:
             with contextlib.suppress(Exception):
@@ -727,7 +732,7 @@ def read_manifest(path: Path | str) -> dict:
         except BundleError:
             raise
         except _stream_errors() as e:
-            raise _corrupt(path, f"the bundle is truncated or corrupt ({type(e).__name__}: {str(e)[:300]})") from None
+            raise _stream_corrupt(path, e) from None
         finally:
             if tar is not None:
                 with contextlib.suppress(Exception):
