@@ -41,7 +41,9 @@ from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, descri
 from .config import BuildConfig
 from .errors import PackError
 from .program import ModelProgram, dtype_name
-from .render import (GRAPH_ABI_VERSION, GraphLibrary, GraphSource, KernelRef, _contiguous, compile_graph,
+from ascendc_pack_runtime.tensor_meta import contiguous_strides
+
+from .render import (GRAPH_ABI_VERSION, GraphLibrary, GraphSource, KernelRef, compile_graph,
                      graph_flags, render_graph, weight_layout)
 
 ZSTD_LEVEL = 6
@@ -269,7 +271,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
             "cores": config.effective_cores,
             "topn": config.topn,
             "inputs": [{"name": n, "shape": list(p.values[n].shape), "dtype": p.values[n].dtype,
-                        "stride": list(p.values[n].stride or _contiguous(p.values[n].shape))}
+                        "stride": list(p.values[n].stride or contiguous_strides(p.values[n].shape))}
                        for n in model.user_inputs],
             "outputs": outputs,
             "mutations": [{"input": k, "index": model.user_inputs.index(k), "value": v}

@@ -222,7 +222,7 @@ def compiler_identity(cxx: str = DEFAULT_CXX) -> str:
 def compile_flags(march: str) -> list[str]:
     """g++ flags of every kernel library (no ``-ffast-math``: it breaks -inf/NaN, DESIGN 6;
     ``-fopenmp`` binds kernels to the libgomp torch already loaded)."""
-    return ["-O3", f"-march={march}", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+    return ["-O3", *target_flags(march), "-std=c++17", "-fPIC", "-shared", "-fopenmp",
             "-fno-math-errno", "-fno-trapping-math", "-fno-plt", f"-I{runtime_include_dir()}"]
 
 
@@ -264,21 +264,59 @@ _ARM_FEATURES = {
 }
 
 
-@lru_cache(maxsize=None)
-def _isa_features(march: str, cxx: str) -> tuple[str, ...]:
-    cmd = [_compiler_path(cxx), f"-march={march}", "-dM", "-E", "-x", "c++", "-"]
+# g++ option enabling an x86 feature macro, where it is not the macro's name in lower case.
+_X86_OPTION = {"__SSE4_1__": "sse4.1", "__SSE4_2__": "sse4.2", "__AMX_TILE__": "amx-tile",
+               "__AMX_BF16__": "amx-bf16", "__AMX_INT8__": "amx-int8", "__AMXTILE__": "amx-tile",
+               "__AMXBF16__": "amx-bf16", "__AMXINT8__": "amx-int8"}
+
+
+def _macros(flags: tuple[str, ...], cxx: str) -> set[str]:
+    cmd = [_compiler_path(cxx), *flags, "-dM", "-E", "-x", "c++", "-"]
     out = _run_probe(cmd)
     if out.returncode != 0:
-        raise ConfigError(f"{cxx} rejected -march={march}: {out.stderr.strip()[-500:]}. Pass a "
+        raise ConfigError(f"{cxx} rejected {' '.join(flags)}: {out.stderr.strip()[-500:]}. Pass a "
                           "-march value this compiler supports (e.g. native, x86-64-v3)")
-    macros = {line.split()[1] for line in out.stdout.splitlines()
-              if line.startswith("#define ") and len(line.split()) >= 2}
+    return {line.split()[1] for line in out.stdout.splitlines()
+            if line.startswith("#define ") and len(line.split()) >= 2}
+
+
+def _feature_table(macros: set[str]) -> dict[str, str]:
     if "__x86_64__" in macros or "__i386__" in macros:
-        table = _X86_FEATURES
-    elif "__aarch64__" in macros or "__arm__" in macros:
-        table = _ARM_FEATURES
-    else:
-        return ()
+        return _X86_FEATURES
+    if "__aarch64__" in macros or "__arm__" in macros:
+        return _ARM_FEATURES
+    return {}
+
+
+@lru_cache(maxsize=None)
+def _target_flags(march: str, cxx: str) -> tuple[str, ...]:
+    flags = (f"-march={march}",)
+    if march != "native":
+        return flags
+    # g++ reads -march=native from CPUID; a hypervisor may hide a feature from /proc/cpuinfo
+    # that CPUID still reports (seen here: rdseed). Turn such features off so the code never
+    # uses what the OS does not promise and the manifest's ISA list stays a subset of cpuinfo.
+    host = host_cpu_flags()
+    macros = _macros(flags, cxx)
+    table = _feature_table(macros)
+    if not host or table is not _X86_FEATURES:
+        return flags
+    hidden = sorted(_X86_OPTION.get(m, m.strip("_").lower()) for m, name in table.items()
+                    if m in macros and name not in host)
+    return flags + tuple(f"-mno-{opt}" for opt in dict.fromkeys(hidden))
+
+
+def target_flags(march: str, cxx: str = DEFAULT_CXX) -> list[str]:
+    """The ``-march`` flags of kernels and graph.so: ``-march=<march>``, and for ``native`` a
+    ``-mno-<feature>`` for every feature the compiler would enable that this host's
+    ``/proc/cpuinfo`` does not list."""
+    return list(_target_flags(march, cxx))
+
+
+@lru_cache(maxsize=None)
+def _isa_features(march: str, cxx: str) -> tuple[str, ...]:
+    macros = _macros(_target_flags(march, cxx), cxx)
+    table = _feature_table(macros)
     return tuple(sorted({name for macro, name in table.items() if macro in macros}))
 
 

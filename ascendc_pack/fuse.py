@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ascendc_pack_runtime.tensor_meta import contiguous_strides
+
 from .kernel_spec import build_spec
 from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, SUPPORTED_DTYPES, VIEW_OPS
 from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Step
@@ -117,14 +119,6 @@ class Graph:
             for name in set(s.input_names()):
                 self.consumers.setdefault(name, []).append(i)
         self.outputs = set(program.outputs)
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
 
 
 def _apply_view_meta(step: AtenStep, shape, strides, offset):
@@ -239,7 +233,7 @@ class Fuser:
     def _layout(self, name):
         spec = self.values[name]
         if name in self.fused_values or spec.stride is None:
-            return spec.shape, _contiguous_strides(spec.shape), 0
+            return spec.shape, contiguous_strides(spec.shape), 0
         return spec.shape, spec.stride, 0
 
     def resolve(self, name: str, members: set[int], views: list[int]):

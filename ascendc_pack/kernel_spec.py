@@ -19,18 +19,12 @@ import math
 
 import torch
 
+from ascendc_pack_runtime.tensor_meta import contiguous_strides
+
 from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, FLOAT_DTYPES
 from .program import AtenStep, Ref
 
 SPEC_VERSION = 1
-
-
-def _contiguous(shape) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return list(reversed(strides))
 
 
 class _Builder:
@@ -167,7 +161,7 @@ def build_spec(an, member_steps, inputs: list[str], values, layouts: dict) -> di
     outputs = []
     for name in an.outputs:
         shape = values[name].shape
-        contiguous = _contiguous(shape)
+        contiguous = list(contiguous_strides(shape))
         strides = [0] * b.n_axes
         for d, axis in enumerate(an.value_axes[name]):
             if axis is not None:

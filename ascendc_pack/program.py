@@ -23,28 +23,9 @@ from typing import Any, Union
 
 import torch
 
+from ascendc_pack_runtime.tensor_meta import dtype_name, torch_dtype  # noqa: F401 (re-exported)
+
 FORMAT_VERSION = 1
-
-_DTYPES = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
-    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-    "complex64": torch.complex64,
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """``"float32"`` -> ``torch.float32``."""
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; supported: {sorted(_DTYPES)}") from None
-
 
 @dataclass(frozen=True)
 class TensorSpec:

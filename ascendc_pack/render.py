@@ -46,9 +46,12 @@ from pathlib import Path
 
 import torch
 
+from ascendc_pack_runtime.tensor_meta import (SCALAR_TYPES, contiguous_strides, is_dense, itemsize,
+                                              significant_strides, span_elems)
+
 from .cache import atomic_write_text, kernel_lock, stable_hash, temp_path_for
 from .compiler import (DEFAULT_CXX, _compiler_env, _compiler_path, compiler_identity,
-                      runtime_include_dir)
+                      runtime_include_dir, target_flags)
 from .config import BuildConfig
 from .errors import CompileError, PackError
 from .executor import resolve_op
@@ -63,11 +66,6 @@ GRAPH_CACHE_SUBDIR = "ascendc_graph"
 ARENA_ALIGN = 64
 GRAPH_COMPILE_TIMEOUT_S = 600.0
 
-_SCALAR_TYPES = {
-    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
-    "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
-    "bool": "Bool", "complex64": "ComplexFloat", "complex128": "ComplexDouble",
-}
 _MEMORY_FORMATS = {
     "contiguous_format": "Contiguous", "preserve_format": "Preserve",
     "channels_last": "ChannelsLast", "channels_last_3d": "ChannelsLast3d",
@@ -119,30 +117,6 @@ class GraphLibrary:
 # ============================================================================ analysis data
 
 
-def _dtype_itemsize(dtype: str) -> int:
-    from .program import torch_dtype
-
-    return torch_dtype(dtype).itemsize
-
-
-def _span_elems(shape, stride) -> int:
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
-
-
-def _contiguous(shape) -> tuple:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(out))
-
-
-def _significant(shape, stride) -> tuple:
-    return tuple(st if n != 1 else 0 for n, st in zip(shape, stride))
-
-
 @dataclass(eq=False)
 class Buf:
     """A block of memory the graph writes: arena-placed or allocated fresh on every call."""
@@ -161,7 +135,7 @@ class Buf:
 
     @property
     def nbytes(self) -> int:
-        return _span_elems(self.shape, self.stride) * _dtype_itemsize(self.dtype)
+        return span_elems(self.shape, self.stride) * itemsize(self.dtype)
 
 
 @dataclass(eq=False)
@@ -295,11 +269,11 @@ class _Analyzer:
         env: dict[str, Val] = {}
         for i, name in enumerate(mp.weights):
             spec = p.values[name]
-            shape, stride = self.weight_layouts.get(name, (spec.shape, spec.stride or _contiguous(spec.shape)))
+            shape, stride = self.weight_layouts.get(name, (spec.shape, spec.stride or contiguous_strides(spec.shape)))
             env[name] = self.new_val(f"weight {name}", shape, stride, spec.dtype, "weight", index=i)
         for i, name in enumerate(mp.user_inputs):
             spec = p.values[name]
-            env[name] = self.new_val(f"input {name}", spec.shape, spec.stride or _contiguous(spec.shape),
+            env[name] = self.new_val(f"input {name}", spec.shape, spec.stride or contiguous_strides(spec.shape),
                                      spec.dtype, "input", index=i)
         actions = self.walk(p, env, "")
         end = self.tick()
@@ -362,7 +336,7 @@ class _Analyzer:
         (then_acts, then_outs), (else_acts, else_outs) = branches
         outs = []
         for name, tv, ev in zip(step.outputs, then_outs, else_outs):
-            same = tv.shape == ev.shape and _significant(tv.shape, tv.stride) == _significant(ev.shape, ev.stride)
+            same = tv.shape == ev.shape and significant_strides(tv.shape, tv.stride) == significant_strides(ev.shape, ev.stride)
             outs.append(self.new_val(f"{scope}{name}", tv.shape, tv.stride, tv.dtype, "cond",
                                      roots=tv.roots | ev.roots,
                                      uncertain=(not same) or tv.uncertain or ev.uncertain))
@@ -390,7 +364,7 @@ class _Analyzer:
                 raise RenderError(f"kernel {step.name}: input {name} is {v.dtype}{list(v.shape)}, the "
                                   f"kernel expects {ispec['dtype']}{list(shape)}")
             self.use(v)
-            if _significant(v.shape, v.stride) != _significant(shape, stride):
+            if significant_strides(v.shape, v.stride) != significant_strides(shape, stride):
                 # copy into the layout the kernel was compiled for (broadcast dims stay compact)
                 base = tuple(1 if (st == 0 and n != 1) else n for n, st in zip(shape, stride))
                 b = self.new_buf(f"relayout of {name} for {step.name}", base, stride, v.dtype, "relayout")
@@ -406,7 +380,7 @@ class _Analyzer:
         outs = []
         for name, ospec in zip(step.outputs, spec["outputs"]):
             shape = tuple(ospec["shape"])
-            b = self.new_buf(f"{scope}{name}", shape, _contiguous(shape), ospec["dtype"])
+            b = self.new_buf(f"{scope}{name}", shape, contiguous_strides(shape), ospec["dtype"])
             outs.append(b)
             env[name] = self.buf_val(b, f"{scope}{name}")
         ws = None
@@ -436,7 +410,7 @@ class _Analyzer:
         list_return = len(schema.returns) == 1 and schema.returns[0].type.kind() == "ListType"
         if metas is None:
             metas = [program.values.get(n) for n in out_names]
-            metas = [(m.shape, m.stride or _contiguous(m.shape), m.dtype) if m is not None else None
+            metas = [(m.shape, m.stride or contiguous_strides(m.shape), m.dtype) if m is not None else None
                      for m in metas]
             uncertain = True
         else:
@@ -646,7 +620,7 @@ def _const(value, typ) -> str:
     if kind == "OptionalType":
         return _const(value, typ.getElementType())
     if isinstance(value, torch.dtype):
-        return f"c10::IValue(c10::ScalarType::{_SCALAR_TYPES[_dtype_name(value)]})"
+        return f"c10::IValue(c10::ScalarType::{SCALAR_TYPES[_dtype_name(value)]})"
     if isinstance(value, torch.layout):
         if value != torch.strided:
             raise RenderError(f"layout {value} is not supported (only torch.strided)")
@@ -792,7 +766,7 @@ class _Emitter:
     def alloc_fresh(self, b: Buf, out: list[str], ind: str) -> None:
         if b.kind == "fresh":
             out.append(f"{ind}b{b.id} = ap::empty_strided({_ints(b.shape)}, {_ints(b.stride)}, "
-                       f"c10::ScalarType::{_SCALAR_TYPES[b.dtype]});")
+                       f"c10::ScalarType::{SCALAR_TYPES[b.dtype]});")
 
     def arg_expr(self, arg: Arg) -> str:
         if arg.tensor is not None:
@@ -903,21 +877,9 @@ def weight_layout(t: torch.Tensor) -> tuple[tuple, tuple]:
     are non-overlapping and dense (a permutation of a contiguous layout), else contiguous."""
     shape = tuple(t.shape)
     stride = tuple(t.stride())
-    if _is_dense(shape, stride):
+    if is_dense(shape, stride):
         return shape, stride
-    return shape, _contiguous(shape)
-
-
-def _is_dense(shape, stride) -> bool:
-    if any(s == 0 for s in shape):
-        return stride == _contiguous(shape)
-    dims = sorted((st, n) for n, st in zip(shape, stride) if n != 1)
-    expected = 1
-    for st, n in dims:
-        if st != expected:
-            return False
-        expected *= n
-    return True
+    return shape, contiguous_strides(shape)
 
 
 def render_graph(model: ModelProgram, kernels: dict[str, KernelRef],
@@ -948,13 +910,13 @@ def render_graph(model: ModelProgram, kernels: dict[str, KernelRef],
     for b in an.bufs:
         if b.kind == "arena":
             init_bufs.append(f"S.t[{b.slot}] = ap::arena_view(S.arena, {b.offset}, "
-                             f"c10::ScalarType::{_SCALAR_TYPES[b.dtype]}, {_ints(b.shape)}, "
+                             f"c10::ScalarType::{SCALAR_TYPES[b.dtype]}, {_ints(b.shape)}, "
                              f"{_ints(b.stride)});  // {b.label}")
     p = model.program
     weights = [{"name": n, "dtype": an.vals[i].dtype, "shape": list(an.vals[i].shape),
                 "stride": list(an.vals[i].stride)} for i, n in enumerate(model.weights)]
     inputs = [{"name": n, "dtype": p.values[n].dtype, "shape": list(p.values[n].shape),
-               "stride": list(p.values[n].stride or _contiguous(p.values[n].shape))}
+               "stride": list(p.values[n].stride or contiguous_strides(p.values[n].shape))}
               for n in model.user_inputs]
     kernel_refs = [kernels[n] for n in an.kernel_order]
     signature = json.dumps({
@@ -977,9 +939,9 @@ def render_graph(model: ModelProgram, kernels: dict[str, KernelRef],
     ctx = {
         "version": package_version(), "model_name": model.name, "namespace": "@NAMESPACE@",
         "graph_abi": GRAPH_ABI_VERSION, "signature_literal": _cpp_string(signature),
-        "weights": [{**w, "stype": _SCALAR_TYPES[w["dtype"]], "literal": _cpp_string(w["name"])}
+        "weights": [{**w, "stype": SCALAR_TYPES[w["dtype"]], "literal": _cpp_string(w["name"])}
                     for w in weights],
-        "inputs": [{**i, "stype": _SCALAR_TYPES[i["dtype"]], "literal": _cpp_string(i["name"])}
+        "inputs": [{**i, "stype": SCALAR_TYPES[i["dtype"]], "literal": _cpp_string(i["name"])}
                    for i in inputs],
         "kernels": kernel_refs, "n_outputs": len(model.user_outputs),
         "arena_bytes": arena_bytes, "n_static": em.n_static,
@@ -1012,7 +974,7 @@ def graph_flags(march: str | None = None) -> list[str]:
     ``-march``) cover every instruction in the bundle, even with a compiler whose default
     ``-march`` is above the requested one."""
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    arch = [f"-march={march}"] if march else []
+    arch = target_flags(march) if march else []
     return ["-std=c++20", "-O1", *arch, "-fPIC", "-shared", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *[f"-I{d}" for d in torch_include_dirs()], f"-I{runtime_include_dir()}"]
 

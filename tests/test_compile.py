@@ -159,6 +159,26 @@ def test_compiler_identity():
         comp.compiler_identity("no-such-compiler-xyz")
 
 
+@pytest.mark.skipif(not IS_X86, reason="x86 feature names")
+def test_native_turns_off_features_the_host_does_not_list(monkeypatch):
+    """A hypervisor may hide a CPUID feature from /proc/cpuinfo (seen: rdseed); -march=native
+    must not use it, or the runtime refuses every native bundle on the build host itself."""
+    comp._target_flags.cache_clear()
+    comp._isa_features.cache_clear()
+    full = set(comp.isa_features("native"))
+    monkeypatch.setattr(comp, "host_cpu_flags", lambda: full - {"avx2", "sse4_1"})
+    comp._target_flags.cache_clear()
+    comp._isa_features.cache_clear()
+    try:
+        flags = comp.target_flags("native")
+        assert flags[0] == "-march=native" and "-mno-avx2" in flags and "-mno-sse4.1" in flags
+        feats = set(comp.isa_features("native"))
+        assert "avx2" not in feats and "sse4_1" not in feats and feats <= full
+        assert comp.target_flags("x86-64-v3") == ["-march=x86-64-v3"]
+    finally:
+        comp._target_flags.cache_clear()
+        comp._isa_features.cache_clear()
+
 def test_isa_features():
     feats = comp.isa_features("native")
     assert feats == sorted(feats) and all(f == f.lower() for f in feats)

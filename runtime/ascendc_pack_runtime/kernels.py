@@ -12,14 +12,9 @@ from pathlib import Path
 
 import torch
 
+from .tensor_meta import DTYPES, same_layout
+
 KERNEL_ABI_VERSION = 1
-
-_DTYPES = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}
-
 
 class KernelLoadError(RuntimeError):
     """A kernel library is missing, lacks the ABI, or is not the file that was promised."""
@@ -108,7 +103,7 @@ class FusedKernel:
     def __init__(self, spec: dict, library: KernelLibrary):
         self.spec = spec
         self.lib = library
-        self.out_specs = [(tuple(o["shape"]), _DTYPES[o["dtype"]]) for o in spec["outputs"]]
+        self.out_specs = [(tuple(o["shape"]), DTYPES[o["dtype"]]) for o in spec["outputs"]]
         self.in_strides = [tuple(i["stride"]) for i in spec["inputs"]]
         self._workspace = torch.empty(library.workspace, dtype=torch.uint8) if library.workspace else None
 
@@ -119,12 +114,12 @@ class FusedKernel:
         """Inputs in the layout the kernel expects (a copy only when strides differ)."""
         ready = []
         for t, stride, spec in zip(inputs, self.in_strides, self.spec["inputs"]):
-            if tuple(t.shape) != tuple(spec["shape"]) or t.dtype != _DTYPES[spec["dtype"]]:
+            if tuple(t.shape) != tuple(spec["shape"]) or t.dtype != DTYPES[spec["dtype"]]:
                 raise ValueError(f"kernel {self.spec['name']}: input {spec['name']} is "
                                  f"{t.dtype}{list(t.shape)}, expected {spec['dtype']}{spec['shape']}")
-            if _significant(t.stride(), t.shape) != _significant(stride, t.shape):
+            if not same_layout(t.shape, t.stride(), t.shape, stride):
                 t = _relayout(t, stride)
-                if _significant(t.stride(), t.shape) != _significant(stride, t.shape):
+                if not same_layout(t.shape, t.stride(), t.shape, stride):
                     raise ValueError(f"kernel {self.spec['name']}: input {spec['name']} has strides "
                                      f"{t.stride()} and cannot be laid out as {stride}")
             ready.append(t)
@@ -138,11 +133,6 @@ class FusedKernel:
         if rc != 0:
             raise RuntimeError(f"kernel {self.spec['name']} ({self.lib.kernel_key}) failed with status {rc}")
         return outs
-
-
-def _significant(stride, shape) -> tuple:
-    """Strides that matter (dims of size 1 can have any stride)."""
-    return tuple(s if n != 1 else 0 for s, n in zip(stride, shape))
 
 
 def _relayout(t: torch.Tensor, stride) -> torch.Tensor:

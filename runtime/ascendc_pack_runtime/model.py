@@ -24,22 +24,17 @@ from torch.utils import _pytree as pytree
 
 from .bundle import (GRAPH_LIBRARY, Extracted, open_bundle)
 from .errors import GraphLoadError, KernelMismatchError, ManifestFieldError
+from .tensor_meta import DTYPES, same_layout
 
 GRAPH_ABI_VERSION = 1
 
-_DTYPES = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool, "complex64": torch.complex64,
-    "complex128": torch.complex128,
-}
 _NAMESPACE_RE = re.compile(r"ascpack_[0-9a-f]{8,64}")
 _LOAD_LOCK = threading.Lock()
 
 
 def _dtype(name: object, where: str) -> torch.dtype:
     try:
-        return _DTYPES[name]  # type: ignore[index]
+        return DTYPES[name]  # type: ignore[index]
     except (KeyError, TypeError):
         raise ManifestFieldError(f"manifest.json: field {where!r} has unsupported dtype {name!r}; rebuild the "
                                  "bundle or upgrade the runtime", field=where,
@@ -68,10 +63,6 @@ class TensorSpec:
 
     def __str__(self) -> str:
         return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
-
-
-def _significant(shape, stride) -> tuple:
-    return tuple(s if n != 1 else 0 for n, s in zip(shape, stride))
 
 
 def _load_weights(directory: Path, manifest: dict) -> list[torch.Tensor]:
@@ -202,7 +193,7 @@ class Model:
                 raise ValueError(f"{label} has shape {list(t.shape)}, expected {list(s.shape)}; the "
                                  "bundle was built for static shapes")
             stride = s.stride
-            if (stride is not None and _significant(t.shape, t.stride()) != _significant(s.shape, stride)) \
+            if (stride is not None and not same_layout(t.shape, t.stride(), s.shape, stride)) \
                     or t.is_conj() or t.is_neg():
                 c = torch.empty_strided(s.shape, stride or t.stride(), dtype=s.dtype)
                 with torch.no_grad():
