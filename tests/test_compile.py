@@ -145,7 +145,7 @@ def test_kernel_build_rejects_duplicate_candidates():
 def test_compile_flags():
     flags = comp.compile_flags("native")
     inc = comp.runtime_include_dir()
-    assert flags == ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+    assert flags == ["-O3", *comp.target_flags("native"), "-std=c++17", "-fPIC", "-shared", "-fopenmp",
                      "-fno-math-errno", "-fno-trapping-math", "-fno-plt", f"-I{inc}"]
     assert (inc / "ascendc_pack" / "kernel_abi.h").is_file()
     assert not any("fast-math" in f for f in flags)
