@@ -301,6 +301,34 @@ def test_cast_saturates_out_of_range(kernels):
     assert ints.tolist() == [2**31 - 1, -2**31, 0, -3]
 
 
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit-identical, except that any NaN matches any NaN."""
+    bits = {2: torch.int16, 4: torch.int32}[want.element_size()]
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(bits), want[~nan].view(bits))
+
+
+def test_half_conversions_match_torch_bitwise(kernels):
+    # Every half value, in UB-sized chunks (a 65536-element float buffer would not fit the UB).
+    lib = kernels("ops_probe")
+    every_half = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    chunk = 8192
+    widened = torch.empty(65536)
+    for off in range(0, 65536, chunk):
+        lib.run("cast_f16_f32", 1, every_half[off:off + chunk], widened[off:off + chunk],
+                probe_params(chunk, ROUND["none"]))
+    assert_same_bits(widened, every_half.float())
+    # A half instruction rounds its float result like torch's half ops (overflow to inf,
+    # subnormal results, ties to even).
+    for scale in (3.0, 0.37, 1e-3, 65504.0):
+        product = torch.empty(65536, dtype=torch.float16)
+        for off in range(0, 65536, chunk):
+            lib.run("muls_f16", 1, every_half[off:off + chunk], product[off:off + chunk],
+                    probe_params(chunk, value=scale))
+        assert_same_bits(product, every_half * torch.tensor(scale, dtype=torch.float16))
+
+
 def test_cast_half_to_int32(kernels):
     x = torch.tensor([2.5, -2.5, 3.5, 1000.5, -0.25, 65504.0], dtype=torch.float16)
     expected = {"rint": [2, -2, 4, 1000, 0, 65504], "floor": [2, -3, 3, 1000, -1, 65504],
@@ -441,6 +469,7 @@ VIOLATIONS = [
     ("v_que_buffers", 1, ["rule 'TQue buffers per TPosition'", "9 TQue buffers on VECIN"]),
     ("v_block_two", 4, ["(block 2 of 4, SoC Ascend910B2)", "TBuf::Get length within InitBuffer length"]),
     ("v_global_index", 1, ["rule 'GlobalTensor bounds'", "17 elements accessed, SetGlobalBuffer gave 16"]),
+    ("v_queue_after_reset", 1, ["rule 'TPipe::InitBuffer before queue use'", "Reset or destroyed"]),
 ]
 
 
@@ -463,6 +492,10 @@ def test_reserved_ub_options(kernels):
     lib.run("v_select_scalar", 1, x, out)
     status, message = lib.launch("v_select_scalar", 1, x, out, disable_asc_reserved_ubuf=True)
     assert status == RULE_VIOLATION and "Select modes 1/2 need the 8 KiB reserved UB" in message
+
+
+def test_pipe_reset_and_destroy_release_the_ub(kernels):
+    kernels("violations").run("ok_pipe_reset", 2, torch.zeros(1024), torch.zeros(1024))
 
 
 def test_syncall_block_limit_per_soc(kernels):

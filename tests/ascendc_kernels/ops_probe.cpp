@@ -58,6 +58,17 @@ extern "C" __global__ __aicore__ void cast_f32_bf16(GM_ADDR x, GM_ADDR out, GM_A
 extern "C" __global__ __aicore__ void cast_f32_i32(GM_ADDR x, GM_ADDR out, GM_ADDR params) { CastProbe<int32_t, float>(x, out, params); }
 extern "C" __global__ __aicore__ void cast_f16_i32(GM_ADDR x, GM_ADDR out, GM_ADDR params) { CastProbe<int32_t, half>(x, out, params); }
 extern "C" __global__ __aicore__ void cast_i32_f32(GM_ADDR x, GM_ADDR out, GM_ADDR params) { CastProbe<float, int32_t>(x, out, params); }
+extern "C" __global__ __aicore__ void cast_f16_f32(GM_ADDR x, GM_ADDR out, GM_ADDR params) { CastProbe<float, half>(x, out, params); }
+
+// out = Muls(x, value) on half: float product rounded to half per element.
+extern "C" __global__ __aicore__ void muls_f16(GM_ADDR x, GM_ADDR out, GM_ADDR params) {
+  const ProbeParams p = Params(params);
+  TPipe pipe;
+  TBuf<TPosition::VECCALC> xb;
+  LocalTensor<half> a = Load<half>(pipe, xb, x, p.n, Aligned(p.n));
+  Muls(a, a, p.value, p.n);
+  Store(out, a, p.n);
+}
 
 // out = where(x <cmp> y, x, y) via Compare + Select(VSEL_TENSOR_TENSOR_MODE), and
 // out2 = where(x <cmp> value, x, 2 * value) via Compares + Select(VSEL_TENSOR_SCALAR_MODE).

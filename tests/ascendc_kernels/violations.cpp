@@ -230,3 +230,30 @@ extern "C" __global__ __aicore__ void v_global_index(GM_ADDR x, GM_ADDR out) {
   g.SetGlobalBuffer((__gm__ float*)x, 16);
   (void)g.GetValue(16);
 }
+
+// Legal: TPipe::Reset hands the whole UB back for new InitBuffer calls, and so does a new TPipe
+// after Destroy().
+extern "C" __global__ __aicore__ void ok_pipe_reset(GM_ADDR x, GM_ADDR out) {
+  TPipe pipe;
+  TQue<QuePosition::VECIN, 1> q;
+  TBuf<TPosition::VECCALC> b;
+  pipe.InitBuffer(b, 150 * 1024);
+  pipe.Reset();
+  pipe.InitBuffer(q, 1, 150 * 1024);
+  LocalTensor<float> t = q.AllocTensor<float>();
+  q.FreeTensor(t);
+  pipe.Destroy();
+  TPipe second;
+  second.InitBuffer(b, 150 * 1024);
+  Duplicate(b.Get<float>(), 1.0f, 64);
+}
+
+// A queue used after TPipe::Reset without a new InitBuffer.
+extern "C" __global__ __aicore__ void v_queue_after_reset(GM_ADDR x, GM_ADDR out) {
+  TPipe pipe;
+  TQue<QuePosition::VECIN, 1> q;
+  pipe.InitBuffer(q, 1, 1024);
+  pipe.Reset();
+  LocalTensor<float> t = q.AllocTensor<float>();
+  q.FreeTensor(t);
+}

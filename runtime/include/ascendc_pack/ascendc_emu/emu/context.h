@@ -136,6 +136,7 @@ struct QueueState {
   AscendC::TPosition pos;
   int32_t depth;
   uint32_t len;
+  bool retired;  // its TPipe was Reset or destroyed: the TQue must be InitBuffer'd again
   std::vector<BufferSlot> slots;
   std::deque<BufferSlot*> fifo;
   std::string name() const {
@@ -176,6 +177,20 @@ class BlockContext {
   // UB bump allocation for the one live TPipe.
   uint32_t ub_used = 0;
   void* pipe = nullptr;  // the live AscendC::TPipe
+
+  // Forgets the live TPipe's buffers (TPipe::Reset/Destroy). Queue states stay (LocalTensor
+  // handles point at them): their buffers become stale and the kernel-end check still sees them.
+  void release_buffers() {
+    for (auto& q : queues) {
+      q.retired = true;
+      for (auto& s : q.slots) ++s.generation;
+    }
+    ub_used = 0;
+    buffers_used = 0;
+    for (auto& n : que_buffers) n = 0;
+    ++pipe_epoch;
+  }
+  uint32_t pipe_epoch = 0;  // TBufs initialised in an earlier epoch are stale
   uint32_t buffers_used = 0;
   uint32_t que_buffers[static_cast<unsigned>(AscendC::TPosition::MAX) + 1] = {};
   std::deque<QueueState> queues;  // deque: stable addresses for TQue and LocalTensor handles

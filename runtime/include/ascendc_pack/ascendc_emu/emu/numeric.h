@@ -85,16 +85,49 @@ inline uint16_t half_bits_exact(double v) {
   return static_cast<uint16_t>(sign | ((e + 15) << 10) | mant);
 }
 
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
 inline float half_bits_to_float(uint16_t h) {
-  const int sign = (h & 0x8000u) ? -1 : 1;
-  const int exp = (h >> 10) & 0x1f;
-  const int mant = h & 0x3ff;
-  if (exp == 0x1f) {
-    return mant ? std::numeric_limits<float>::quiet_NaN()
-                : sign * std::numeric_limits<float>::infinity();
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
+    return bits_to_float(sign | float_to_bits(static_cast<float>(mant) * 5.9604644775390625e-8f));
   }
-  if (exp == 0) return static_cast<float>(sign * std::ldexp(static_cast<double>(mant), -24));
-  return static_cast<float>(sign * std::ldexp(1024.0 + mant, exp - 25));
+  return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+// float -> half, round to nearest even, overflow to inf (the hot path of every half instruction).
+inline uint16_t half_bits_from_float(float f) {
+  const uint32_t x = float_to_bits(f);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
+  if (a < 0x38800000u) {  // below 2^-14: a half subnormal (or zero), in units of 2^-24
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(bits_to_float(a) * 16777216.0f)));
+  }
+  uint32_t h = ((((a >> 23) - 112) << 10) | ((a & 0x7fffffu) >> 13));
+  const uint32_t rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry may bump the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+// float -> bfloat16, round to nearest even.
+inline uint16_t bf16_bits_from_float(float f) {
+  const uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 inline uint16_t half_bits_from(double x, Rounding r = Rounding::RINT, bool saturate = false) {
@@ -109,11 +142,17 @@ inline uint16_t bf16_bits_from(double x, Rounding r = Rounding::RINT, bool satur
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float bf16_bits_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+inline float bf16_bits_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
+
+template <class U>
+uint16_t half_bits_of(U v) {
+  if constexpr (std::is_same_v<U, float>) return half_bits_from_float(v);
+  else return half_bits_from(static_cast<double>(v));
+}
+template <class U>
+uint16_t bf16_bits_of(U v) {
+  if constexpr (std::is_same_v<U, float>) return bf16_bits_from_float(v);
+  else return bf16_bits_from(static_cast<double>(v));
 }
 
 }  // namespace ascendc_emu
@@ -123,7 +162,7 @@ struct half {
   uint16_t bits_;
   half() = default;
   template <class U, std::enable_if_t<std::is_arithmetic_v<U>, int> = 0>
-  half(U v) : bits_(ascendc_emu::half_bits_from(static_cast<double>(v))) {}
+  half(U v) : bits_(ascendc_emu::half_bits_of(v)) {}
   operator float() const { return ascendc_emu::half_bits_to_float(bits_); }
   static half from_bits(uint16_t b) {
     half h;
@@ -141,7 +180,7 @@ struct bfloat16_t {
   uint16_t bits_;
   bfloat16_t() = default;
   template <class U, std::enable_if_t<std::is_arithmetic_v<U>, int> = 0>
-  bfloat16_t(U v) : bits_(ascendc_emu::bf16_bits_from(static_cast<double>(v))) {}
+  bfloat16_t(U v) : bits_(ascendc_emu::bf16_bits_of(v)) {}
   operator float() const { return ascendc_emu::bf16_bits_to_float(bits_); }
   static bfloat16_t from_bits(uint16_t b) {
     bfloat16_t h;

@@ -238,8 +238,10 @@ class TQue {
 
  private:
   ascendc_emu::QueueState& state(const char* api) {
-    if (emu_state == nullptr) {
-      ascendc_emu::violate("TPipe::InitBuffer before queue use", api, "the queue was never InitBuffer'd");
+    if (emu_state == nullptr || emu_state->retired) {
+      ascendc_emu::violate("TPipe::InitBuffer before queue use", api,
+                           emu_state == nullptr ? "the queue was never InitBuffer'd"
+                                                : "the queue's TPipe was Reset or destroyed since InitBuffer");
     }
     return *emu_state;
   }
@@ -305,13 +307,16 @@ class TBuf {
   void emu_init(uint8_t* addr, uint32_t bytes) {
     addr_ = addr;
     bytes_ = bytes;
+    epoch_ = ascendc_emu::ctx().pipe_epoch;
   }
-  bool emu_initialized() const { return addr_ != nullptr; }
+  bool emu_initialized() const { return addr_ != nullptr && epoch_ == ascendc_emu::ctx().pipe_epoch; }
 
  private:
   void check(const char* api) const {
-    if (addr_ == nullptr) {
-      ascendc_emu::violate("TPipe::InitBuffer before buffer use", api, "the TBuf was never InitBuffer'd");
+    if (!emu_initialized()) {
+      ascendc_emu::violate("TPipe::InitBuffer before buffer use", api,
+                           addr_ == nullptr ? "the TBuf was never InitBuffer'd"
+                                            : "the TBuf's TPipe was Reset or destroyed since InitBuffer");
     }
   }
   template <class T>
@@ -322,6 +327,7 @@ class TBuf {
   }
   uint8_t* addr_ = nullptr;
   uint32_t bytes_ = 0;
+  uint32_t epoch_ = 0;
 };
 
 // ------------------------------------------------------------------------------------ TPipe
@@ -344,7 +350,7 @@ class TPipe {
   bool InitBuffer(TQue<pos, depth, mask>& que, uint8_t num, uint32_t len) {
     const std::string api = "TPipe::InitBuffer";
     auto& c = live(api);
-    if (que.emu_state != nullptr) {
+    if (que.emu_state != nullptr && !que.emu_state->retired) {
       ascendc_emu::violate("InitBuffer once per queue", api, que.emu_state->name() + " was already initialised");
     }
     if (num == 0 || len == 0) {
@@ -368,6 +374,7 @@ class TPipe {
     q.pos = pos;
     q.depth = depth;
     q.len = aligned;
+    q.retired = false;
     for (uint32_t i = 0; i < num; ++i) {
       q.slots.push_back({base + static_cast<uint64_t>(i) * aligned, aligned,
                          ascendc_emu::SlotState::FREE, 0, &q, i});
@@ -391,14 +398,14 @@ class TPipe {
   void Reset() {
     auto& c = live("TPipe::Reset");
     ascendc_emu::check_queues_idle(c, "TPipe::Reset");
-    c.queues.clear();
-    c.ub_used = 0;
-    c.buffers_used = 0;
-    for (auto& n : c.que_buffers) n = 0;
+    c.release_buffers();
   }
   void Destroy() {
     auto* c = ascendc_emu::tls_block;
-    if (c != nullptr && c->pipe == this) c->pipe = nullptr;
+    if (c != nullptr && c->pipe == this) {
+      c->release_buffers();
+      c->pipe = nullptr;
+    }
   }
 
   TEventID FetchEventID(HardEvent) { return 0; }
@@ -441,6 +448,7 @@ class TPipe {
 
 inline TPipe* GetTPipePtr() {
   auto& c = ascendc_emu::ctx();
+  if (c.pipe == nullptr) ascendc_emu::violate("one TPipe per kernel", "GetTPipePtr", "no TPipe is alive");
   return static_cast<TPipe*>(c.pipe);
 }
 
