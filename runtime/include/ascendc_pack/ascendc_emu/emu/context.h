@@ -336,7 +336,8 @@ inline void check_end_of_kernel(BlockContext& c) {
   }
   if (c.atomic != AtomicMode::NONE) {
     violate("SetAtomicNone after atomic accumulation", "kernel end",
-            "the kernel returned with atomic accumulation still enabled; call SetAtomicNone()");
+            "the kernel returned with atomic accumulation still enabled; call SetAtomicNone() / "
+            "DisableDmaAtomic() (SetAtomicAdd's page asks for it so later copies are not affected)");
   }
 }
 

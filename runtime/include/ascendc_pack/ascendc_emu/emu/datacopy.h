@@ -74,25 +74,21 @@ inline void SetPadValue(T paddingValue) {
 
 // Atomic accumulation of UB->GM copies (the other blocks' writes are already in GM: blocks run in
 // order, so the result is the same as on the device up to the order of floating-point additions).
-template <class T>
-inline void SetAtomicAdd() {
-  auto& c = ascendc_emu::ctx();
-  c.atomic = ascendc_emu::AtomicMode::ADD;
-  c.atomic_type = ascendc_emu::type_name<T>();
-}
-template <class T>
-inline void SetAtomicMax() {
-  auto& c = ascendc_emu::ctx();
-  c.atomic = ascendc_emu::AtomicMode::MAX;
-  c.atomic_type = ascendc_emu::type_name<T>();
-}
-template <class T>
-inline void SetAtomicMin() {
-  auto& c = ascendc_emu::ctx();
-  c.atomic = ascendc_emu::AtomicMode::MIN;
-  c.atomic_type = ascendc_emu::type_name<T>();
-}
+#define ASCENDC_EMU_ATOMIC(NAME, MODE)                                                               \
+  template <class T>                                                                              \
+  inline void NAME() {                                                                            \
+    static_assert(ascendc_emu::is_one_of_v<T, int8_t, int16_t, half, bfloat16_t, int32_t, float>,   \
+                  #NAME ": T must be int8_t/int16_t/half/bfloat16_t/int32_t/float on Atlas A2/A3"); \
+    auto& c = ascendc_emu::ctx();                                                                 \
+    c.atomic = ascendc_emu::AtomicMode::MODE;                                                     \
+    c.atomic_type = ascendc_emu::type_name<T>();                                                  \
+  }
+ASCENDC_EMU_ATOMIC(SetAtomicAdd, ADD)
+ASCENDC_EMU_ATOMIC(SetAtomicMax, MAX)
+ASCENDC_EMU_ATOMIC(SetAtomicMin, MIN)
+#undef ASCENDC_EMU_ATOMIC
 inline void SetAtomicNone() { ascendc_emu::ctx().atomic = ascendc_emu::AtomicMode::NONE; }
+inline void DisableDmaAtomic() { SetAtomicNone(); }
 
 }  // namespace AscendC
 
