@@ -469,6 +469,7 @@ VIOLATIONS = [
     ("v_que_buffers", 1, ["rule 'TQue buffers per TPosition'", "9 TQue buffers on VECIN"]),
     ("v_block_two", 4, ["(block 2 of 4, SoC Ascend910B2)", "TBuf::Get length within InitBuffer length"]),
     ("v_global_index", 1, ["rule 'GlobalTensor bounds'", "17 elements accessed, SetGlobalBuffer gave 16"]),
+    ("v_global_empty", 1, ["rule 'GlobalTensor bounds'", "8 elements accessed, SetGlobalBuffer gave 0"]),
     ("v_queue_after_reset", 1, ["rule 'TPipe::InitBuffer before queue use'", "Reset or destroyed"]),
 ]
 

@@ -257,3 +257,13 @@ extern "C" __global__ __aicore__ void v_queue_after_reset(GM_ADDR x, GM_ADDR out
   LocalTensor<float> t = q.AllocTensor<float>();
   q.FreeTensor(t);
 }
+
+// SetGlobalBuffer with 0 elements (an idle block's slice), then a copy from it.
+extern "C" __global__ __aicore__ void v_global_empty(GM_ADDR x, GM_ADDR out) {
+  Fixture f(x, out);
+  GlobalTensor<float> g;
+  g.SetGlobalBuffer((__gm__ float*)x + 1024, 0);
+  LocalTensor<float> t = f.inQ.AllocTensor<float>();
+  DataCopy(t, g, 8);
+  f.inQ.FreeTensor(t);
+}

@@ -133,6 +133,7 @@ class Scheduler final : public SyncPoint {
 
   void sync_all(uint32_t b) override {
     std::unique_lock<std::mutex> lk(m_);
+    if (blocks_[b].cancel) throw BlockCancelled{};  // the launch failed: keep unwinding
     blocks_[b].phase = Phase::PARKED;
     ++blocks_[b].syncs;
     baton_ = -1;

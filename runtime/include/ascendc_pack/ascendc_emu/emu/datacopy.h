@@ -173,7 +173,7 @@ void pad_copy_in(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor
   auto* d = reinterpret_cast<uint8_t*>(dst.emu_data(api, "dst", dst_extent / sizeof(T)));
   src.emu_check(api, 0, 1);
   check_gm(api, src.GetPhyAddr(), src_extent, 1);
-  if (src.GetSize() != 0 && src_extent > src.GetSize() * sizeof(T)) {
+  if (src.emu_sized() && src_extent > src.GetSize() * sizeof(T)) {
     violate("GlobalTensor bounds", api,
             str(src_extent, " B read, SetGlobalBuffer gave ", src.GetSize() * sizeof(T), " B"));
   }
@@ -214,7 +214,7 @@ void pad_copy_out(const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTenso
   const auto* s = reinterpret_cast<const uint8_t*>(src.emu_data(api, "src", src_extent / sizeof(T)));
   dst.emu_check(api, 0, 1);
   check_gm(api, dst.GetPhyAddr(), dst_extent, 1);
-  if (dst.GetSize() != 0 && dst_extent > dst.GetSize() * sizeof(T)) {
+  if (dst.emu_sized() && dst_extent > dst.GetSize() * sizeof(T)) {
     violate("GlobalTensor bounds", api,
             str(dst_extent, " B written, SetGlobalBuffer gave ", dst.GetSize() * sizeof(T), " B"));
   }

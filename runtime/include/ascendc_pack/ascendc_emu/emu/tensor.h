@@ -22,23 +22,25 @@ class GlobalTensor {
   void SetGlobalBuffer(__gm__ T* buffer, uint64_t bufferSize) {
     addr_ = buffer;
     size_ = bufferSize;
+    sized_ = true;
   }
   void SetGlobalBuffer(__gm__ T* buffer) {
     addr_ = buffer;
     size_ = 0;
+    sized_ = false;  // GetSize() is 0 and only the launch's buffer sizes bound the accesses
   }
   uint64_t GetSize() const { return size_; }
   __gm__ T* GetPhyAddr() const { return addr_; }
   __gm__ T* GetPhyAddr(uint64_t offset) const { return addr_ + offset; }
 
   GlobalTensor operator[](uint64_t offset) const {
-    GlobalTensor g;
-    g.addr_ = addr_ + offset;
-    g.size_ = size_ == 0 ? 0 : (offset <= size_ ? size_ - offset : 0);
-    if (size_ != 0 && offset > size_) {
+    if (sized_ && offset > size_) {
       ascendc_emu::violate("GlobalTensor bounds", "GlobalTensor::operator[]",
                            ascendc_emu::str("offset ", offset, " beyond SetGlobalBuffer size ", size_));
     }
+    GlobalTensor g = *this;
+    g.addr_ = addr_ + offset;
+    g.size_ = sized_ ? size_ - offset : 0;
     return g;
   }
   T GetValue(uint64_t index) const { return *checked(index, "GlobalTensor::GetValue"); }
@@ -47,12 +49,13 @@ class GlobalTensor {
   }
   T& operator()(uint64_t index) const { return *checked(index, "GlobalTensor::operator()"); }
 
+  bool emu_sized() const { return sized_; }
   // Emulator internal: checks `count` elements from the start against the known sizes.
   void emu_check(const std::string& api, uint64_t count, uint32_t align = sizeof(T) > 8 ? 8 : sizeof(T)) const {
     if (addr_ == nullptr) {
       ascendc_emu::violate("GlobalTensor set before use", api, "SetGlobalBuffer was never called");
     }
-    if (size_ != 0 && count > size_) {
+    if (sized_ && count > size_) {
       ascendc_emu::violate("GlobalTensor bounds", api,
                            ascendc_emu::str(count, " elements accessed, SetGlobalBuffer gave ", size_));
     }
@@ -66,6 +69,7 @@ class GlobalTensor {
   }
   T* addr_ = nullptr;
   uint64_t size_ = 0;
+  bool sized_ = false;
 };
 
 // ------------------------------------------------------------------------------- LocalTensor
