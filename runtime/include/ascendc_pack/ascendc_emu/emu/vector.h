@@ -129,6 +129,16 @@ inline double round_integral(double x, Rounding r) {
 // NaN becomes 0 for integer targets.
 template <class D, class S>
 D cast_one(S v, Rounding r) {
+  if constexpr (std::is_same_v<D, float> && is_one_of_v<S, half, bfloat16_t, int8_t, uint8_t, int16_t>) {
+    return static_cast<float>(v);  // exact widening
+  } else if constexpr (is_one_of_v<D, half, bfloat16_t> && std::is_same_v<S, float>) {
+    if (r == Rounding::RINT) {  // the common case, on the bit-level fast path
+      const D out = D(v);
+      const float back = static_cast<float>(out);
+      if (std::isinf(back) && !std::isinf(v)) return D(std::copysign(static_cast<float>(format_max(format_of<D>())), v));
+      return out;
+    }
+  }
   const double x = static_cast<double>(static_cast<std::conditional_t<is_float_like_v<S>, float, S>>(v));
   if constexpr (std::is_same_v<D, float> && std::is_same_v<S, float>) {
     return static_cast<float>(round_integral(x, r));  // float -> float rounds to an integral value
