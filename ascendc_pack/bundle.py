@@ -223,8 +223,8 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                    f"block_dim {info['block_dim']}, the choice says {cand.workspace} / "
                                    f"{cand.block_dim}; rebuild")
         member = kernel_member(name, cand.kernel_key)
-        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel["inputs"]),
-                               len(step.kernel["outputs"]))
+        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel.inputs),
+                               len(step.kernel.outputs))
         kernel_files.append((member, so))
         kernel_entries.append({
             "name": name, "kernel_key": cand.kernel_key, "tiling_repr": cand.tiling_repr,

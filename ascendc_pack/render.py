@@ -350,19 +350,19 @@ class _Analyzer:
             raise RenderError(f"no chosen kernel for fused step {step.name}; pass a KernelChoice for "
                               "every fused kernel of the program")
         spec = step.kernel
-        if ref.n_inputs != len(spec["inputs"]) or ref.n_outputs != len(spec["outputs"]):
+        if ref.n_inputs != len(spec.inputs) or ref.n_outputs != len(spec.outputs):
             raise RenderError(f"kernel {step.name}: library takes {ref.n_inputs} inputs / {ref.n_outputs} "
-                              f"outputs, the spec has {len(spec['inputs'])} / {len(spec['outputs'])}")
+                              f"outputs, the spec has {len(spec.inputs)} / {len(spec.outputs)}")
         if step.name not in self.kernel_order:
             self.kernel_order.append(step.name)
         actions = []
         ins = []
-        for name, ispec in zip(step.inputs, spec["inputs"]):
+        for name, ispec in zip(step.inputs, spec.inputs):
             v = env[name]
-            shape, stride = tuple(ispec["shape"]), tuple(ispec["stride"])
-            if v.shape != shape or v.dtype != ispec["dtype"]:
+            shape, stride = ispec.shape, ispec.stride
+            if v.shape != shape or v.dtype != ispec.dtype:
                 raise RenderError(f"kernel {step.name}: input {name} is {v.dtype}{list(v.shape)}, the "
-                                  f"kernel expects {ispec['dtype']}{list(shape)}")
+                                  f"kernel expects {ispec.dtype}{list(shape)}")
             self.use(v)
             if significant_strides(v.shape, v.stride) != significant_strides(shape, stride):
                 # copy into the layout the kernel was compiled for (broadcast dims stay compact)
@@ -378,9 +378,9 @@ class _Analyzer:
                 v = checked
             ins.append(v)
         outs = []
-        for name, ospec in zip(step.outputs, spec["outputs"]):
-            shape = tuple(ospec["shape"])
-            b = self.new_buf(f"{scope}{name}", shape, contiguous_strides(shape), ospec["dtype"])
+        for name, ospec in zip(step.outputs, spec.outputs):
+            shape = ospec.shape
+            b = self.new_buf(f"{scope}{name}", shape, contiguous_strides(shape), ospec.dtype)
             outs.append(b)
             env[name] = self.buf_val(b, f"{scope}{name}")
         ws = None

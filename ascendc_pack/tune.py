@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime.kernels import FusedKernel, KernelLibrary, KernelLoadError
+from ascendc_pack_runtime.kernels import KernelLibrary, KernelLoadError
 
 from .autotune import STATS, AutotuneError, Protocol, kernel_measure, select
 from .cache import atomic_write_text
@@ -37,7 +37,7 @@ from .choice import CandidateResult, KernelChoice
 from .compiler import host_cpu_flags
 from .config import host_cores
 from .executor import run_model
-from .kernels import KernelCandidates
+from .kernels import FusedKernel, KernelCandidates
 from .program import FusedStep, ModelProgram
 
 log = logging.getLogger("ascendc_pack")
