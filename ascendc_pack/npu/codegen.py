@@ -148,6 +148,10 @@ class Planner:
                               and any(c in tile for c in layout.consumers[n.id])}
         self.tile_stores = [j for j, a in enumerate(layout.stores) if a.kind == "tile"]
         self.row_stores = [j for j, a in enumerate(layout.stores) if a.kind == "row"]
+        for j in self.tile_stores:  # a row value stored over whole tiles is read as a scalar too
+            src = self._store_source(j)
+            if src not in tile and self.nodes[src].kind is not NodeKind.CONST:
+                self.tile_consumed.add(src)
         self.row_needed = self._row_needed()
         self.reds = [r.id for r in layout.reductions]
         self.work_slots = 0
@@ -345,7 +349,10 @@ class Planner:
         for nid in order:
             n = self.nodes[nid]
             if isinstance(n, ReduceNode):  # resident: the whole row is in this tile
-                self._reduce(lines, nid, st.value[n.args[0]], "n", self._new_row_slot(nid), final=True)
+                src, tmp = self._reduce_source(st, nid)
+                self._reduce(lines, nid, src, "n", self._new_row_slot(nid), final=True)
+                if tmp:
+                    st.sc.give(tmp)
                 self._use(st, n.args[0])
                 self._extract(lines, [nid])
                 continue
@@ -356,8 +363,10 @@ class Planner:
             self._tile_node(st, nid)
             for k, r in enumerate(reds):
                 if stage is not None and self.nodes[r].args[0] == nid:
-                    lines.append(f"{REDUCE_VEC[self.nodes[r].op]}(acc_[{k} * TILE], acc_[{k} * TILE], "
-                                 f"{st.value[nid]}, n);")
+                    src, tmp = self._reduce_source(st, r)
+                    lines.append(f"{REDUCE_VEC[self.nodes[r].op]}(acc_[{k} * TILE], acc_[{k} * TILE], {src}, n);")
+                    if tmp:
+                        st.sc.give(tmp)
                     self._use(st, nid)
             for j in stores:
                 if j not in stored and self._store_source(j) == nid:
@@ -370,6 +379,17 @@ class Planner:
         self._tile = None
         self._last_in_off, self._last_out_off = st.in_off, st.out_off
         return loads, stores
+
+    def _reduce_source(self, st: _TileState, rid: int) -> tuple[str, str | None]:
+        """The tensor reduction ``rid`` reduces: any/all of a non-bool value reduce ``x != 0``
+        (0.0/1.0, in a temp returned second for the caller to give back)."""
+        r = self.nodes[rid]
+        v = st.value[r.args[0]]
+        if r.op not in ("any", "all") or self.nodes[r.args[0]].dtype == "bool":
+            return v, None
+        tmp = st.sc.temp()
+        self.em.to_bool(st.sc, tmp, Operand("V", v), [])
+        return tmp, tmp
 
     def _use(self, st: _TileState, nid: int) -> None:
         if nid in st.remaining:
