@@ -245,6 +245,8 @@ class OpEmitter:
             return self._pow(sc, n, dst, a, temps)
         if op == "div_trunc":
             sc.emit(f"Div({dst}, {self.vec(sc, a, temps)}, {self.vec(sc, args[1], temps)}, {c});")
+            if n.dtype in ROUND16_TYPE:  # torch rounds the quotient to the 16-bit dtype first
+                self.round16(sc, dst, n.dtype)
             sc.emit(f"Cast({dst}, {dst}, RoundMode::CAST_TRUNC, {c});")
             return dst
         return self._binary(sc, op, dst, args, temps)
