@@ -135,8 +135,8 @@ def estimate_us(lay: NpuLayout, plan: KernelPlan, params: dict, soc: SocProfile)
         esize = plan.in_esize + plan.out_esize
         dma = copies * soc.dma_latency_us + n * esize / bw
         vec = n_vec * (soc.issue_cycles + -(-n // 64)) / cycles_us
-        t_tile = max(dma, vec) + 0.1 if buf == 2 else dma + vec
-        t_row += tiles * t_tile + (dma + vec if buf == 2 and tiles > 1 else 0.0) / tiles
+        # double buffering overlaps the copies of one tile (or row) with the compute of another
+        t_row += tiles * (max(dma, vec) if buf == 2 else dma + vec)
     row_body = [f for f in plan.functions if f.signature.startswith(("void Row(", "void Stage"))]
     row_vec = sum(line.count(api) for f in row_body for line in f.body for api in VECTOR_APIS)
     row_copies = sum(line.count("DataCopyPad(") for f in row_body for line in f.body)
