@@ -140,6 +140,13 @@ case("row-broadcast-store", lambda x, y: (x.sum(-1, keepdim=True).expand(-1, 5) 
 case("mlp-epilogue-bf16", lambda x, b: cast(F.gelu(x + b, approximate="tanh"), F32).sum(-1),
      randn(8, 131, dtype=BF16), randn(131, dtype=BF16))
 case("masked-mean", lambda x, m: (x * m).sum(-1) / m.sum(-1).clamp(min=1), randn(7, 29), mask(7, 29).float())
+for dt in FLOATS:  # col layout: reductions over outer (strided) axes, vectors across columns
+    case(f"reduce-outer-{SHORT[dt]}", lambda x: (x.sum(0), x.mean(0), x.amax(0), x.amin(0), x.var(0)),
+         randn(50, 37, 29, dtype=dt, offset=1.0))
+case("reduce-middle", lambda x: (x.sum(1, keepdim=True), x.mean(1), (x > 0).any(1)), randn(6, 37, 29))
+case("softmax-dim0", lambda x: torch.softmax(x, 0), randn(50, 21))
+case("abs-amax-dim0", lambda x, b: (x + b).abs().amax(dim=0), randn(512, 300), randn(300))
+case("reduce-outer-specials", lambda x: (x.amax(0), x.amin(0), x.sum(0)), special(45, 8))
 case("pointwise-flat-big", lambda x, y: (x * y + x, torch.maximum(x, y) - 1), randn(2, 100003), randn(1, 100003))
 
 
@@ -162,7 +169,7 @@ UNSUPPORTED = {
     "mix-f32-permuted": "stride 33",
     "int-arith-i64": "int64",
     "unary-f32": "log1p",
-    "reduce-f32-outer-keep0": "last reduced axis with stride",
+    "reduce-f32-permuted-input": "last reduced axis with stride",
     "casts-bool": "int",
 }
 

@@ -155,7 +155,7 @@ class Planner:
         self.row_needed = self._row_needed()
         self.reds = [r.id for r in layout.reductions]
         self.work_slots = 0
-        self.guard = any(self.nodes[r].op in ("amax", "amin") for r in self.reds)
+        self.guard = not layout.col and any(self.nodes[r].op in ("amax", "amin") for r in self.reds)
         self.acc_slots = 0
         self.in_esize = 0
         self.out_esize = 0
@@ -171,10 +171,15 @@ class Planner:
             return Operand("V", self._row_expr(nid))
         if nid in self.lay.tile_nodes:
             return Operand("V", self._tile.value[nid])
+        if self.lay.col:  # a col layout's row values are vectors over the column tile
+            return Operand("V", self._row_expr(nid))
         return Operand("S", self.scalar_of[nid])
 
+    def _slot_expr(self, k: int) -> str:
+        return f"rowv_[{k} * TILE]" if self.lay.col else f"rowv_[{k * ROW_SLOT}]"
+
     def _row_expr(self, nid: int) -> str:
-        return f"rowv_[{self.row_slot[nid] * ROW_SLOT}]"
+        return self._slot_expr(self.row_slot[nid])
 
     def _new_row_slot(self, nid: int) -> str:
         if nid not in self.row_slot:
@@ -188,10 +193,13 @@ class Planner:
         return self.n_row_slots - 1
 
     def _row_scope(self, lines: list[str]) -> Scope:
+        col = self.lay.col
+
         def give(expr):
-            self.row_free.append(int(expr[len("rowv_["):-1]) // ROW_SLOT)
-        return Scope("row", "1", str(ROW_SLOT), lines=lines,
-                     take_temp=lambda: f"rowv_[{self._take_row() * ROW_SLOT}]", give_temp=give)
+            index = expr[len("rowv_["):-1]
+            self.row_free.append(int(index.split(" ")[0]) if col else int(index) // ROW_SLOT)
+        return Scope("row", "n" if col else "1", "np" if col else str(ROW_SLOT), lines=lines,
+                     take_temp=lambda: self._slot_expr(self._take_row()), give_temp=give)
 
     def _tile_scope(self, lines: list[str]) -> _TileState:
         st = _TileState(Scope("tile", "n", "np", lines=lines), _Slots())
@@ -229,11 +237,24 @@ class Planner:
         acc = self.lay.loads[nid]
         dst = self._new_row_slot(nid)
         t = GM_TYPE[acc.dtype]
+        if acc.along:  # col layout: the column tile of a value invariant over the reduced axes
+            self.in_esize = max(self.in_esize, acc.esize)
+            lines += ["{", "  LocalTensor<uint8_t> t = inQ_.AllocTensor<uint8_t>();",
+                      f"  DataCopyPad(t.ReinterpretCast<{t}>(), in{acc.index}Gm_[{_offset(acc)} + c0], "
+                      f"DataCopyExtParams{{1, n * {acc.esize}, 0, 0, 0}}, DataCopyPadExtParams<{t}>{{false, 0, 0, 0}});",
+                      "  inQ_.EnQue(t);", "  t = inQ_.DeQue<uint8_t>();",
+                      "  " + self._to_float(acc.dtype, dst, "t", "n"), "  inQ_.FreeTensor(t);", "}"]
+            return
+        if self.lay.col:  # one element per row, spread over the column tile
+            final, dst = dst, "rowTmp_"
         lines += ["{", "  LocalTensor<uint8_t> t = smallQ_.AllocTensor<uint8_t>();",
                   f"  DataCopyPad(t.ReinterpretCast<{t}>(), in{acc.index}Gm_[{_offset(acc)}], "
                   f"DataCopyExtParams{{1, {acc.esize}, 0, 0, 0}}, DataCopyPadExtParams<{t}>{{false, 0, 0, 0}});",
                   "  smallQ_.EnQue(t);", "  t = smallQ_.DeQue<uint8_t>();",
                   "  " + self._to_float(acc.dtype, dst, "t", "1"), "  smallQ_.FreeTensor(t);", "}"]
+        if self.lay.col:
+            lines += ["SetFlag<HardEvent::V_S>(EVENT_ID0);", "WaitFlag<HardEvent::V_S>(EVENT_ID0);",
+                      f"Duplicate({final}, rowTmp_.GetValue(0), n);"]
 
     def _to_float(self, dtype: str, dst: str, src: str, count: str) -> str:
         """Convert a GM-typed UB view (``src``, a uint8 tensor) to float ``dst``."""
@@ -259,7 +280,7 @@ class Planner:
     def _extract(self, lines: list[str], nids: list[int]) -> None:
         """Read the row values tile ops use as scalars (after the Vector unit wrote them)."""
         want = [n for n in nids if n in self.tile_consumed]
-        if not want:
+        if not want or self.lay.col:
             return
         lines += ["SetFlag<HardEvent::V_S>(EVENT_ID0);", "WaitFlag<HardEvent::V_S>(EVENT_ID0);"]
         for nid in want:
@@ -270,6 +291,14 @@ class Planner:
         """``dst`` (a row slot) = reduction ``rid`` over ``count`` elements of ``src``; ``final``
         False for a core's partial (a mean stays a sum until the partials are combined)."""
         r = self.nodes[rid]
+        if self.lay.col:  # the accumulator already holds one result per column
+            if r.op == "mean":
+                lines += [f"Duplicate({dst}, {flit(float(r.count))}, n);", f"Div({dst}, {src}, {dst}, n);"]
+            else:
+                lines.append(f"Muls({dst}, {src}, 1.0f, n);")
+            if r.dtype in ROUND16_TYPE and r.op in ("sum", "mean"):
+                self.em.round16(self._row_scope(lines), dst, r.dtype)
+            return
         lines.append(f"{REDUCE_FINAL[r.op]}({dst}, {src}, redWork_, {count});")
         if r.op in ("amax", "amin"):  # Reduce{Max,Min} may skip NaN; torch propagates it
             self.em.mask(0)
@@ -283,6 +312,17 @@ class Planner:
         acc = self.lay.stores[j]
         src = self._store_source(j)
         n = self.nodes[src]
+        if self.lay.col:  # the column tile of an output invariant over the reduced axes
+            self.out_esize = max(self.out_esize, acc.esize)
+            value = self._slot_expr(self._take_row()) if isinstance(n, ConstNode) else self._row_expr(src)
+            if isinstance(n, ConstNode):
+                lines.append(f"Duplicate({value}, {self._operand(self._row_scope(lines), src).expr}, n);")
+            lines += ["{", "  LocalTensor<uint8_t> t = outQ_.AllocTensor<uint8_t>();",
+                      "  " + self._from_float(acc.dtype, "t", value, "n", "Pad64(n)"),
+                      "  outQ_.EnQue(t);", "  t = outQ_.DeQue<uint8_t>();",
+                      f"  DataCopyPad(out{j}Gm_[{_offset(acc)} + c0], t.ReinterpretCast<{GM_TYPE[acc.dtype]}>(), "
+                      f"DataCopyExtParams{{1, n * {acc.esize}, 0, 0, 0}});", "  outQ_.FreeTensor(t);", "}"]
+            return
         if isinstance(n, ConstNode):
             value = "rowTmp_"
             lines.append(f"Duplicate(rowTmp_, {self._operand(self._row_scope(lines), src).expr}, 1);")
@@ -625,11 +665,45 @@ def _tile_loop(stage: int, begin: str, end: str) -> list[str]:
             "  i += n;", "}"]
 
 
+def _plan_col(p: Planner) -> list[str]:
+    """Col mode: ``Col(r, c0, n)`` runs every stage of one column tile of one row; each stage
+    accumulates over the subrows (the reduced axes) in vector accumulators."""
+    lay = p.lay
+    body: list[str] = []
+    for nid, a in lay.loads.items():
+        if a.kind == "row" and lay.consumers[nid]:
+            p._row_load(body, nid)
+    for s in range(lay.n_stages):
+        for nid in _topo_row_ops(p, lambda st, s=s: st == s):
+            p._row_op(body, nid)
+        reds, _ = p._tile_targets(s)
+        if not p._tile_functions(str(s), s, "r"):
+            continue
+        for k, r in enumerate(reds):
+            body.append(f"Duplicate(acc_[{k} * TILE], {REDUCE_IDENTITY[p.nodes[r].op]}, n);")
+        body += ["for (int64_t sub = 0; sub < SUBROWS; ++sub) {", f"  CopyIn{s}(r, sub, c0, n);", f"  Compute{s}(n);",
+                 f"  CopyOut{s}(r, sub, c0, n);", "}"]
+        for k, r in enumerate(reds):
+            p._reduce(body, r, f"acc_[{k} * TILE]", "n", p._new_row_slot(r), final=True)
+    body.insert(0, "const uint32_t np = Pad64(n);")
+    for j in p.row_stores:
+        p._row_store(body, j)
+    p.functions.append(Function("void Col(int64_t r, int64_t c0, uint32_t n)", body))
+    return ["const int64_t tiles = (COLS + TILE - 1) / TILE;",
+            "const int64_t per = (ROWS * tiles + BLOCK_DIM - 1) / BLOCK_DIM;",
+            "const int64_t end = (block_ + 1) * per < ROWS * tiles ? (block_ + 1) * per : ROWS * tiles;",
+            "for (int64_t it = block_ * per; it < end; ++it) {",
+            "  const int64_t r = it / tiles, c0 = (it % tiles) * TILE;",
+            "  Col(r, c0, static_cast<uint32_t>(COLS - c0 < TILE ? COLS - c0 : TILE));", "}"]
+
+
 def plan_kernel(layout: NpuLayout, mode: str, resident: bool) -> KernelPlan:
     """The C++ of a kernel for ``mode`` ("row" or "split"); ``resident`` (row mode): every row's
     inner range fits one tile."""
     p = Planner(layout, mode, resident and mode == "row" and layout.subrows == 1)
-    process = _plan_row(p) if mode == "row" else _plan_split(p)
+    if layout.col != (mode == "col"):
+        raise ValueError(f"mode {mode!r} does not fit a {'col' if layout.col else 'row'} layout")
+    process = {"row": _plan_row, "split": _plan_split, "col": _plan_col}[mode](p)
     scalars = sorted(set(p.scalar_of.values()), key=lambda s: int(s[1:-1]))
     return KernelPlan(layout=layout, mode=mode, resident=p.resident, functions=p.functions, process=process,
                       scalars=scalars, work_slots=p.work_slots, acc_slots=p.acc_slots,
@@ -667,7 +741,7 @@ def buffers(plan: KernelPlan, tile: int, buffer_num: int, block_dim: int) -> lis
     add("maskBuf_", "buf", "VECCALC", 1, plan.masks * _r32(max(32, tile // 8)))
     add("guardBuf_", "buf", "VECCALC", 1 if plan.uses["guard"] else 0, 4 * tile)
     add("redBuf_", "buf", "VECCALC", 1, 4 * red_work_floats(tile))
-    add("rowBuf_", "buf", "VECCALC", 1, 4 * ROW_SLOT * plan.row_slots)
+    add("rowBuf_", "buf", "VECCALC", 1, 4 * (tile if plan.mode == "col" else ROW_SLOT) * plan.row_slots)
     add("rowTmpBuf_", "buf", "VECCALC", 1, 4 * ROW_SLOT)
     return out
 

@@ -66,6 +66,7 @@ class Access:
     offset: int
     row_terms: tuple[tuple[int, int, int], ...]
     sub_terms: tuple[tuple[int, int, int], ...] = ()   # the same over the subrow index
+    along: bool = False   # a row access of a col layout that covers the column tile (else one element)
 
     @property
     def esize(self) -> int:
@@ -90,6 +91,7 @@ class NpuLayout:
     loads: dict
     stores: tuple[Access, ...]
     consumers: tuple[tuple[int, ...], ...]
+    col: bool = False   # cols is a kept axis; row values are vectors over a column tile
 
     @property
     def n_stages(self) -> int:
@@ -188,7 +190,12 @@ def _check_node(spec: KernelSpec, n, consumers) -> None:
 
 
 def analyze(spec: KernelSpec) -> NpuLayout:
-    """The spec as ``rows x cols`` with its accesses; raises :class:`Unsupported`."""
+    """The spec as ``rows x subrows x cols`` with its accesses; raises :class:`Unsupported`.
+
+    A reduction whose last reduce axis is not contiguous gets a *col* layout when a kept axis
+    is: ``cols`` is then that kept axis, the reduce axes are the subrows every column tile
+    accumulates over (vector Add/Max across subrows, no cross-lane reduction), and the values
+    invariant over the reduce axes are vectors over the column tile."""
     sizes = tuple(spec.axes) or (1,)
     if any(s == 0 for s in sizes):
         raise Unsupported("empty iteration space")
@@ -200,18 +207,33 @@ def analyze(spec: KernelSpec) -> NpuLayout:
     for n in nodes:
         _check_node(spec, n, consumers)
     red = [a for a in spec.reduce_axes if sizes[a] != 1]
-    inner = red if red else [len(sizes) - 1]
-    last, sub = inner[-1], inner[:-1]
-    outer = [a for a in range(len(sizes)) if a not in inner]
-    kind = "reduce" if red else "pointwise"
     if not red and spec.reductions:
         raise Unsupported("a reduction over unit axes only (a copy)")
-    loads = {}
-    for n in spec.loads:
-        inp = spec.inputs[n.input]
-        loads[n.id] = _access(kind, f"input {n.input} ({inp.name})", n.input, n.dtype, n.strides, n.offset,
-                              outer, sub, last, sizes)
-    stores = tuple(_access(kind, f"output {j} ({o.name})", j, o.dtype, o.strides, 0, outer, sub, last, sizes)
+    inner = red if red else [len(sizes) - 1]
+    try:
+        return _layout(spec, sizes, consumers, inner[:-1], inner[-1], col=False)
+    except Unsupported as row_error:
+        if not red:
+            raise
+        kept = [a for a in range(len(sizes)) if a not in red and sizes[a] != 1]
+        first = next((n for n in spec.loads if any(n.strides[a] for a in red)), None)
+        ca = next((a for a in kept if first is not None and first.strides[a] == 1), None)
+        if ca is None:
+            raise row_error from None
+        try:
+            return _layout(spec, sizes, consumers, red, ca, col=True)
+        except Unsupported:
+            raise row_error from None
+
+
+def _layout(spec: KernelSpec, sizes: tuple, consumers, sub: list[int], last: int, col: bool) -> NpuLayout:
+    nodes = spec.nodes
+    outer = [a for a in range(len(sizes)) if a not in sub and a != last]
+    kind = "reduce" if spec.reduce_axes and not col else "pointwise"
+    make = _col_access if col else _access
+    loads = {n.id: make(kind, f"input {n.input}", n.input, n.dtype, n.strides, n.offset, outer, sub, last, sizes)
+             for n in spec.loads}
+    stores = tuple(make(kind, f"output {j}", j, o.dtype, o.strides, 0, outer, sub, last, sizes)
                    for j, o in enumerate(spec.outputs))
     tile: set[int] = set()
     stage: list[int] = []
@@ -232,10 +254,27 @@ def analyze(spec: KernelSpec) -> NpuLayout:
             stage.append(max((stage[a] for a in n.args), default=0))
     for j, o in enumerate(spec.outputs):
         if stores[j].kind == "row" and o.node in tile:
-            raise Unsupported(f"output {j} ({o.name}) is stored once per row but varies over the inner axes")
-    rows = math.prod(sizes[a] for a in outer)
-    return NpuLayout(spec=spec, rows=rows, cols=sizes[last], subrows=math.prod(sizes[a] for a in sub), tile_nodes=frozenset(tile), stage=tuple(stage), loads=loads,
-                     stores=stores, consumers=tuple(tuple(c) for c in consumers))
+            raise Unsupported(f"output {j} is stored once per row but varies over the inner axes")
+    return NpuLayout(spec=spec, rows=math.prod(sizes[a] for a in outer), cols=sizes[last],
+                     subrows=math.prod(sizes[a] for a in sub), tile_nodes=frozenset(tile), stage=tuple(stage),
+                     loads=loads, stores=stores, consumers=tuple(tuple(c) for c in consumers), col=col)
+
+
+def _col_access(kind_name: str, what: str, index: int, dtype: str, strides: tuple, offset: int, outer: list[int],
+                sub: list[int], last: int, sizes: tuple) -> Access:
+    """An access of a col layout: contiguous over the kept column axis ``last``."""
+    if dtype not in GM_DTYPES:
+        raise Unsupported(f"{what} has dtype {dtype}")
+    along = strides[last] != 0 and sizes[last] != 1
+    if along and strides[last] != 1:
+        raise Unsupported(f"{what} walks the column axis with stride {strides[last]}")
+    varies = any(strides[a] != 0 and sizes[a] != 1 for a in sub)
+    rows = _row_terms(strides, outer, sizes)
+    if not varies:
+        return Access("row", index, dtype, offset, rows, along=along)
+    if not along:
+        raise Unsupported(f"{what} varies over the reduced axes but not along the column axis")
+    return Access("tile", index, dtype, offset, rows, _row_terms(strides, sub, sizes))
 
 
 def unsupported_reason(spec: KernelSpec) -> str | None:

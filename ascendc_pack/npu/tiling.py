@@ -122,6 +122,9 @@ def estimate_us(lay: NpuLayout, plan: KernelPlan, params: dict, soc: SocProfile)
     bw = min(soc.core_dma_gbps, soc.hbm_gbps / bd) * 1e3  # bytes per us per core
     cols = lay.inner if mode == "row" else min(lay.inner, -(-lay.inner // bd))
     rows = -(-lay.rows // bd) if mode == "row" else lay.rows
+    if mode == "col":  # items of one column tile; each stage runs its tile pass once per subrow
+        rows = -(-lay.rows * -(-lay.cols // tile) // bd)
+        cols = lay.subrows * min(tile, lay.cols)
     stage_names = ["R"] if plan.resident else [str(s) for s in range(lay.n_stages)]
     t_row = 0.0
     for name in stage_names:
@@ -137,7 +140,7 @@ def estimate_us(lay: NpuLayout, plan: KernelPlan, params: dict, soc: SocProfile)
         vec = n_vec * (soc.issue_cycles + -(-n // 64)) / cycles_us
         # double buffering overlaps the copies of one tile (or row) with the compute of another
         t_row += tiles * (max(dma, vec) if buf == 2 else dma + vec)
-    row_body = [f for f in plan.functions if f.signature.startswith(("void Row(", "void Stage"))]
+    row_body = [f for f in plan.functions if f.signature.startswith(("void Row(", "void Stage", "void Col("))]
     row_vec = sum(line.count(api) for f in row_body for line in f.body for api in VECTOR_APIS)
     row_copies = sum(line.count("DataCopyPad(") for f in row_body for line in f.body)
     row_syncs = sum(line.count("WaitFlag") for f in row_body for line in f.body)
@@ -154,6 +157,12 @@ def _space(lay: NpuLayout, target: NpuTarget) -> list[dict]:
     bds = sorted({b for b in (cores, cores // 2, cores // 4, 8, 2, 1) if 1 <= b <= cores})
     out = []
     cols64 = -(-lay.cols // 64) * 64
+    if lay.col:  # cores take (row, column tile) items
+        for bd in bds:
+            for t in (cols64, *TILES):
+                if t <= cols64 and bd <= lay.rows * -(-lay.cols // t):
+                    out.append({"mode": "col", "bd": bd, "tile": t, "resident": False})
+        return out
     for bd in bds:
         if bd <= max(1, lay.rows):
             if lay.subrows == 1:
