@@ -131,9 +131,18 @@ class NpuBackend(_NpuCommon):
 
     def __init__(self, env=os.environ):
         self.env = env
-        toolchain.bisheng(env)  # fail at once: no CANN
-        soc = device.soc_name()  # fail at once: no torch_npu / no device
-        super().__init__(_soc_profile(soc, "torch.npu.get_device_name()"))
+        missing = []  # fail at once, naming everything this host lacks
+        for check in (device.require_device, lambda: toolchain.bisheng(env)):
+            try:
+                check()
+            except ConfigError as exc:
+                missing.append(str(exc))
+        if missing:
+            raise device.NpuUnavailableError(
+                "--backend npu compiles with CANN and runs on an Ascend NPU through torch_npu, and this host "
+                "cannot: " + " ".join(f"({k}) {m}" for k, m in enumerate(missing, 1)) + " Nothing was built. "
+                "To run the npu pipeline here, against the AscendC emulation on this CPU, add --emulate.")
+        super().__init__(_soc_profile(device.soc_name(), "torch.npu.get_device_name()"))
 
     def core_limit(self) -> int:
         return device.device_limit(self.soc.vector_cores)

@@ -37,9 +37,8 @@ def torch_npu():
         return importlib.import_module("torch_npu")
     except ImportError as exc:
         raise NpuUnavailableError(
-            f"--backend npu needs torch_npu on an Ascend host ({exc}); install the extra "
-            "(`pip install 'ascendc-pack[npu]'`: torch-npu 2.14.0, which requires torch 2.14.0) and CANN, "
-            "or build with --emulate to run the npu pipeline against the AscendC emulation on this CPU") from None
+            f"torch_npu is not installed ({exc}): install the extra on an Ascend host "
+            "(`pip install 'ascendc-pack[npu]'`: torch-npu 2.14.0, which requires torch 2.14.0).") from None
 
 
 def require_device() -> int:
@@ -47,8 +46,8 @@ def require_device() -> int:
     torch_npu()
     npu = getattr(torch, "npu", None)
     if npu is None or not npu.is_available() or npu.device_count() < 1:
-        raise NpuUnavailableError("torch_npu is installed but no NPU device is available (torch.npu.is_available() "
-                                  "is False); run on an Ascend host or build with --emulate")
+        raise NpuUnavailableError("torch_npu is installed but sees no NPU (torch.npu.is_available() is False): "
+                                  "run on an Ascend host.")
     return int(npu.current_device())
 
 

@@ -26,7 +26,6 @@ with constants of :class:`SocProfile` (documented as approximations; PGO measure
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 

@@ -65,9 +65,8 @@ def bisheng(env=os.environ) -> str:
     """The BiSheng compiler of the CANN toolkit; ConfigError naming what is missing."""
     home = ascend_home(env)
     if home is None:
-        raise ConfigError("the npu backend compiles kernels with CANN's BiSheng compiler, but ASCEND_HOME_PATH is "
-                          "not set (or not a directory): install the CANN toolkit and `source "
-                          "<cann>/set_env.sh`, or build with --emulate to compile against the AscendC emulation")
+        raise ConfigError("ASCEND_HOME_PATH is not set (or not a directory), so CANN's BiSheng compiler cannot be "
+                          "found: install the CANN toolkit and `source <cann>/set_env.sh`.")
     for cand in (home / "compiler" / "ccec_compiler" / "bin" / "bisheng", home / "bin" / "bisheng"):
         if cand.is_file():
             return str(cand)
