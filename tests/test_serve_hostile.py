@@ -184,8 +184,9 @@ BAD = [
     ("request headers over the cap", "GET", "/v2/health/live", b"", {"X-Big": "a" * 100_000}, 431, ["headers"]),
     ("model repository unload", "POST", "/v2/repository/models/mlp/unload", b"", {}, 403, ["repository", "off"]),
     ("GET on infer", "GET", "/v2/models/mlp/infer", b"", {}, 405, ["Method Not Allowed"]),
-    ("V1 protocol", "POST", "/v1/models/mlp:predict", json.dumps({"instances": [[1.0]]}).encode(), JH, 400,
-     ["Open Inference Protocol V2"]),
+    ("V1 protocol", "POST", "/v1/models/mlp:predict", json.dumps({"instances": [[1.0]]}).encode(), JH, 404,
+     ["Open Inference Protocol V2 only"]),
+    ("V1 explain", "POST", "/v1/models/mlp:explain", b"{}", JH, 404, ["Open Inference Protocol V2 only"]),
 ]
 
 
@@ -320,6 +321,16 @@ def _trickle(srv: Server, head: bytes, drip: bytes, budget_s: float) -> tuple[by
         return b"", False
     finally:
         s.close()
+
+
+def test_bytes_that_are_not_http_get_a_json_400(srv):
+    for junk in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # a TLS hello to the plain port
+                 b"GET / HTTP/1.1\r\nHost: t\r\nContent-Length: -5\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(junk)
+            got, closed = _read_until_closed(s, time.monotonic() + 20)
+        assert closed and got.startswith(b"HTTP/1.1 400"), got[:200]
+        assert "not valid HTTP/1.1" in json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]
 
 
 def test_trickled_header_and_body_are_cut_off(srv, bundles):

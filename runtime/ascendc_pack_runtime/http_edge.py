@@ -14,7 +14,7 @@
   output, never inflated whole), refuses trailing bytes after the compressed stream (400),
   answers ``/v2/models/<m>/versions/1/...`` (KServe answers 501 for any version) and refuses the
   model repository API (``/v2/repository/...``: load/unload would let any client unload the
-  served model).
+  served model) and KServe's V1 routes (``/v1/...``: this server speaks V2 only).
 
 Every refusal is ``{"error": "..."}`` and is logged as one line (:func:`log_refusal`).
 """
@@ -162,6 +162,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(408, f"the request headers did not arrive within {self._limits.header_timeout_s:g} s "
                               "(--header-timeout)")
 
+    def send_400_response(self, msg: str) -> None:  # uvicorn's answer to bytes that are not HTTP
+        self._refuse(400, f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})")
+
     def _refuse(self, status: int, message: str) -> None:
         self._cancel_header_timer()
         self._awaiting_headers = False
@@ -253,6 +256,9 @@ class V2Middleware:
         path = scope["path"]
         if path.startswith("/v2/repository"):
             raise _Refused(403, "the model repository API (load/unload) is off on this server")
+        if path.startswith("/v1/"):
+            raise _Refused(404, "this server speaks the Open Inference Protocol V2 only: POST "
+                                "/v2/models/<model>/infer with {\"inputs\": [...]}")
         m = _VERSION_RE.fullmatch(path)
         if not m:
             return scope
@@ -286,11 +292,11 @@ class V2Middleware:
                 return None
             chunk = msg.get("body", b"")
             total += len(chunk)
-            if inflater is not None:
-                chunk = inflater.feed(chunk)
-            elif total > limit:
+            if total > limit:  # compressed or not
                 raise _Refused(413, f"the request body is more than this server's limit of {limit} bytes "
                                     "(--max-body-mb)")
+            if inflater is not None:
+                chunk = inflater.feed(chunk)
             if chunk:
                 chunks.append(chunk)
             if not msg.get("more_body", False):
