@@ -234,3 +234,23 @@ def test_nan_output_encoding_matches_numpy():
     enc = encode_response(SIG, "", [torch.from_numpy(y), torch.zeros(2, dtype=torch.float16)], ((0, False),))
     got = np.asarray(parse_json(enc.body, "r")["outputs"][0]["data"], np.float32).reshape(2, 3)
     np.testing.assert_array_equal(got, y)
+
+
+@pytest.mark.parametrize("where", ["name", "datatype", "shape", "data", "id", "parameters", "outputs", "binary_data_output"])
+def test_structures_under_the_parser_limit_are_refused_without_recursion(where):
+    """A 1000-deep array (orjson parses up to 1024) in any field the decoder reads: a 400, never a
+    RecursionError from a check or an error message."""
+    deep = b"[" * 1000 + b"]" * 1000
+    req = {"inputs": _inputs(), "outputs": [{"name": "y"}]}
+    if where in ("name", "datatype", "shape", "data"):
+        req["inputs"][0][where] = "@"
+    elif where == "binary_data_output":
+        req["parameters"] = {"binary_data_output": "@"}
+    elif where == "outputs":
+        req["outputs"] = [{"name": "@"}]
+    else:
+        req[where] = "@"
+    raw = json.dumps(req).encode().replace(b'"@"', deep)
+    with pytest.raises(RequestError) as e:
+        _decode(None, raw=raw)
+    assert len(str(e.value)) < 1000
