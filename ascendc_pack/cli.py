@@ -110,31 +110,43 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, work_di
 @main.command()
 @click.argument("bundle", type=str)
 @click.option("--name", default=None, help="Model name in the URLs (default: the bundle's model name).")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Interface to listen on (127.0.0.1: this machine only).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on. Loopback by default: no authentication or TLS; pass 0.0.0.0 to serve other machines (e.g. in a container).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="HTTP port.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Model instances serving requests in parallel (each loads the bundle: own buffers).")
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log one line per request.")
 @click.option("--max-body-mb", default=None, type=click.FloatRange(min=0, min_open=True),
-              help="Refuse request bodies larger than this (413); default 64 MiB + 32 x the input bytes.")
+              help="Refuse request bodies larger than this after decompression (413); default 1 MiB + 16 x the input bytes.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's line and headers to arrive (408 and close after).")
+@click.option("--body-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's whole body to arrive after its headers (408 and close after).")
+@click.option("--keep-alive", default=15.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds an idle kept-alive connection stays open (behind a proxy: above the proxy's idle timeout).")
+@click.option("--limit-concurrency", default=64, show_default=True, type=click.IntRange(1),
+              help="Connections plus requests in flight; beyond it the server answers 503.")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
-def serve(bundle, name, host, port, workers, access_log, max_body_mb, eager_model):
+def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
+          limit_concurrency, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
     HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
     """
     from ascendc_pack_runtime.errors import BundleError
+    from ascendc_pack_runtime.server import ServeOptions, serve as serve_bundle
 
     factory = None
     try:
+        options = ServeOptions(host=host, port=port, workers=workers, access_log=access_log,
+                               max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+                               header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                               keep_alive_s=keep_alive, limit_concurrency=limit_concurrency)
         if eager_model is not None:
             factory = _eager_runner_factory(eager_model)
-        from ascendc_pack_runtime.kserve_model import serve as serve_bundle
-        serve_bundle(bundle, name=name, host=host, port=port, workers=workers, runner_factory=factory,
-                     access_log=access_log,
-                     max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+        serve_bundle(bundle, options, name=name, runner_factory=factory,
                      platform="pytorch_eager" if eager_model else None)
     except (BundleError, PackError, ValueError, ImportError) as exc:
         _fail(exc)
