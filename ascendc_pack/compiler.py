@@ -450,7 +450,8 @@ class _Ctx:
         self._cancelled.set()
         with self._lock:
             for proc in self._running:
-                proc.kill()
+                if proc.returncode is None:  # not reaped yet, so its pid is still its own
+                    _kill_group(proc)
 
     def run_compiler(self, cmd: list[str]) -> tuple[int, str]:
         """Run one compile; (exit code, output). Raises subprocess.TimeoutExpired after
@@ -465,18 +466,26 @@ class _Ctx:
         try:
             out, _ = proc.communicate(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _kill_group(proc)
             out, _ = proc.communicate()
             raise subprocess.TimeoutExpired(cmd, self.timeout_s, output=out) from None
         finally:
             if proc.poll() is None:  # interrupted while waiting (KeyboardInterrupt, serial path)
-                proc.kill()
+                _kill_group(proc)
                 proc.wait()
             with self._lock:
                 self._running.discard(proc)
         if self._cancelled.is_set():
             raise CompileCancelled()
         return proc.returncode, out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a compiler and the programs it started (cc1plus, as, ld): it leads its own session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _source_sha(source: str) -> str:
