@@ -238,8 +238,8 @@ class KernelSandbox:
         if not line:
             raise SandboxCrashed(self._death_note())
         reply = json.loads(line)
-        if "error" in reply:
-            raise SandboxCrashed(f"cannot launch: {reply['error']}")
+        if "error" in reply:  # the record goes into bundles: no path of the build machine in it
+            raise SandboxCrashed(f"cannot launch: {reply['error'].replace(str(so_path), 'kernel.so')}")
         return int(reply["rc"])
 
     @staticmethod
@@ -267,7 +267,9 @@ class KernelSandbox:
             tail = self._stderr.read()[-500:].decode(errors="replace").strip()
         self.close()
         how = f"killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exit code {rc}"
-        return f"the kernel crashed ({how})" + (f": {tail}" if tail else "")
+        if tail:  # logged, not recorded: it may hold paths of this machine
+            log.warning("the kernel verification worker died (%s); its last output:\n%s", how, tail)
+        return f"the kernel crashed ({how})"
 
     def close(self) -> None:
         """Stop the worker (if running)."""

@@ -258,3 +258,28 @@ def test_inline_kernels_replaces_fused_steps_in_branches_too():
     for inputs in (lm.example_inputs, *lm.calibration_inputs):
         expected = run_model(fused, captured.weights, _clone(inputs))
         assert compare_outputs(expected, run_model(plain, captured.weights, _clone(inputs)), 0, 0) is None
+
+
+def test_ctrl_c_while_timing_records_no_failure_and_the_next_call_tunes(tmp_path, monkeypatch):
+    from ascendc_pack import autotune
+
+    lm = load_model_file(EXAMPLES / "add_sum.py")
+    pm = ascendc_pack.compile(lm.module, lm.example_inputs, topn=2, cache_dir=tmp_path, protocol=FAST)
+    (st,) = pm.states.values()
+    kd = st.kernel.compiled.kernel_dir
+
+    def interrupted(kernels, args):
+        def measure(i, number):
+            raise KeyboardInterrupt
+        return measure
+
+    monkeypatch.setattr(autotune, "kernel_measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pm(*_clone(lm.example_inputs))
+    assert not kd.tuning_json.exists() and not kd.optimize_tiling.exists() and not st.decided
+    monkeypatch.undo()
+    x, y = _clone(lm.example_inputs)
+    assert compare_outputs(lm.module(x, y), pm(x, y), atol=1e-3, rtol=1e-5) is None
+    assert st.chosen is not None and all(r.error is None for r in st.results)
+    pm.close()
+    assert pm.sandbox._proc is None
