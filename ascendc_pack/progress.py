@@ -122,7 +122,7 @@ class Progress:
                 body = "nothing to do"
             else:
                 body = _SPINNER[int(t / self.refresh_s) % len(_SPINNER)]
-            self._write(f"\r\x1b[K{st.label:<14} {body}  {t:6.1f} s")
+            self._write(f"\r\x1b[K{st.label:<22} {body}  {t:6.1f} s")
             return
         decile = 10 * st.done // st.total if st.total else 0
         last_t, last_decile = st._last_line
