@@ -238,6 +238,7 @@ class PythonModeModule:
         return state.runners[state.chosen](list(args))
 
     def _tune(self, state: _State, args: list[torch.Tensor]) -> None:
+        """Verify, then time the candidates that passed; keep the fastest, or fall back to ATen."""
         kc = state.kernel
         kd = kc.compiled.kernel_dir
         with kd.lock():
@@ -246,10 +247,9 @@ class PythonModeModule:
                 return
             state.profiled = True
             verdicts = verify_candidates(kc.step, state.runners, args, self.sandbox, self.protocol.verify_timeout_s)
-            errors = list(state.errors)
+            errors = [e or (v.message if v is not None else None) for e, v in zip(state.errors, verdicts)]
             for i, v in enumerate(verdicts):
                 if v is not None:
-                    errors[i] = v.message
                     log.warning("kernel %s: candidate #%d (tiling %s) %s", kc.name, i,
                                 kc.compiled.candidates[i].candidate.optimize_tiling_text, v.message)
             try:
@@ -259,29 +259,34 @@ class PythonModeModule:
             except AutotuneError as exc:  # the candidates that passed verification crashed when timed
                 sel = None
                 errors = [e or f"failed while timed ({exc})" for e in errors]
-            state.results = []
-            for i, cc in enumerate(kc.compiled.candidates):
-                err = errors[i]
-                res = CandidateResult(cc.candidate, sel.medians_us[i] if sel and err is None else None,
-                                      [round(x, 3) for x in sel.samples_us[i]] if sel else [], err,
-                                      verdicts[i].to_json() if verdicts[i] is not None else None)
-                state.results.append(res)
-                lib = kd.kernel_so(cc.candidate.kernel_key)
-                if err is None:
-                    log.info("Kernel %s: Timing = %.2f us", lib, res.median_us)
-                else:
-                    log.info("Kernel %s: failed (%s)", lib, err.splitlines()[0] if err else "")
-            if sel is None:
-                state.fallback = "every candidate was disqualified or failed"
-                log.warning("kernel %s: every candidate was disqualified or failed; it falls back to its "
-                            "ATen steps (correct, but not a tuned kernel). Reasons are in %s",
-                            kc.name, kd.tuning_json)
-            else:
-                state.chosen = sel.best
-                log.info("Autotune completed %s, best kernel index: %d", kc.name, sel.best)
+            self._record(state, sel, errors, verdicts)
             self._persist(state, timed=True, rounds=sel.rounds if sel else 0, number=sel.number if sel else 0)
         if self.log_progress:
             self.log_progress(kc.name)
+
+    def _record(self, state: _State, sel, errors: list[str | None], verdicts: list) -> None:
+        """Results per candidate, the log lines of DESIGN 4.4, and the choice or the fallback."""
+        kc = state.kernel
+        kd = kc.compiled.kernel_dir
+        state.results = []
+        for i, cc in enumerate(kc.compiled.candidates):
+            err = errors[i]
+            res = CandidateResult(cc.candidate, sel.medians_us[i] if sel and err is None else None,
+                                  [round(x, 3) for x in sel.samples_us[i]] if sel else [], err,
+                                  verdicts[i].to_json() if verdicts[i] is not None else None)
+            state.results.append(res)
+            lib = kd.kernel_so(cc.candidate.kernel_key)
+            if err is None:
+                log.info("Kernel %s: Timing = %.2f us", lib, res.median_us)
+            else:
+                log.info("Kernel %s: failed (%s)", lib, err.splitlines()[0])
+        if sel is None:
+            state.fallback = "every candidate was disqualified or failed"
+            log.warning("kernel %s: every candidate was disqualified or failed; it falls back to its ATen "
+                        "steps (correct, but not a tuned kernel). Reasons are in %s", kc.name, kd.tuning_json)
+        else:
+            state.chosen = sel.best
+            log.info("Autotune completed %s, best kernel index: %d", kc.name, sel.best)
 
     def _persist(self, state: _State, timed: bool, rounds: int = 0, number: int = 0) -> None:
         """Write tuning.json and optimize_tiling atomically (the caller holds compile.lock);
