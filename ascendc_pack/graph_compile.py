@@ -78,7 +78,7 @@ def interp_flags(march: str | None = None) -> list[str]:
     """g++ flags of the interpreter object (``-w``: libtorch header noise, g++ 12
     -Wstringop-overflow)."""
     arch = target_flags(march) if march else []
-    return ["-std=c++20", "-O2", *arch, "-fPIC", "-w", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+    return ["-std=c++20", "-O1", *arch, "-fPIC", "-w", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
             _abi_define(), *[f"-I{d}" for d in torch_include_dirs()], f"-I{runtime_include_dir()}"]
 
 

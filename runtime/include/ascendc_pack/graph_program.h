@@ -135,21 +135,21 @@ struct ap_dyn_arg {
   ap_arg arg;
 };
 
-struct ap_insn {
-  int32_t code; /* ap_code */
-  int32_t a;
-  int32_t b;
-  ap_ref dst;
-  ap_ref src;
-  int32_t ndim;
-  const int64_t* shape;
-  const int64_t* stride;
-  int64_t offset;
-  int64_t nbytes;
-  int32_t nargs;
-  const ap_dyn_arg* args;
-  int32_t nrefs;
-  const ap_ref* refs;
+struct ap_insn { /* fields left out of an initializer are zero */
+  int32_t code = 0; /* ap_code */
+  int32_t a = 0;
+  int32_t b = 0;
+  ap_ref dst = AP_NIL;
+  ap_ref src = AP_NIL;
+  int32_t ndim = 0;
+  const int64_t* shape = nullptr;
+  const int64_t* stride = nullptr;
+  int64_t offset = 0;
+  int64_t nbytes = 0;
+  int32_t nargs = 0;
+  const ap_dyn_arg* args = nullptr;
+  int32_t nrefs = 0;
+  const ap_ref* refs = nullptr;
 };
 
 /* ---- the graph --------------------------------------------------------------------------- */
