@@ -71,7 +71,7 @@ def render_source(plan: GraphPlan) -> GraphSource:
                     for k in plan.kernels],
         "ops": em.op_table(),
         "init": [i.render() for i in em.init], "run": [i.render() for i in run],
-        "returns": em.returns(), "n_static": em.n_static, "n_locals": len(em.locals),
+        "returns": em.returns(), "n_static": em.n_static, "n_locals": em.n_locals,
         "arena_bytes": mem.arena_bytes, "arrays": t.lines,
     }
     text = template_env().get_template(GRAPH_TEMPLATE).render(**ctx)
@@ -149,7 +149,7 @@ class _Emitter:
         self.tables = _Tables()
         self.init: list[_Insn] = []
         self.n_static = 0
-        self.locals: list[int] = []
+        self.n_locals = 0
         self.static_memo: dict[int, bool] = {}
         self.buf_ref: dict[int, str] = {}
         self.val_ref: dict[int, str] = {}
@@ -170,8 +170,8 @@ class _Emitter:
         return f"AP_S({self.n_static - 1})"
 
     def _local(self) -> str:
-        self.locals.append(len(self.locals))
-        return f"AP_L({len(self.locals) - 1})"
+        self.n_locals += 1
+        return f"AP_L({self.n_locals - 1})"
 
     def is_static(self, v: Val) -> bool:
         """The value never changes after load (weights, arena buffers, views of them)."""
@@ -260,10 +260,10 @@ class _Emitter:
 
     # instructions ---------------------------------------------------------------------------
     def layout_insn(self, code: str, dtype: str, shape, stride, comment: str, **fields) -> _Insn:
-        f = {"a": f"AP_{SCALAR_TYPES[dtype]}", **{k: v for k, v in fields.items() if k == "dst"},
-             "ndim": len(shape), "shape": self.tables.ints(shape), "stride": self.tables.ints(stride),
-             **{k: v for k, v in fields.items() if k != "dst"}}
-        return _Insn(code, _comment(comment), f)
+        """An instruction about a tensor of ``dtype`` and layout ``shape``/``stride``."""
+        return _Insn(code, _comment(comment), {"a": f"AP_{SCALAR_TYPES[dtype]}", "ndim": len(shape),
+                                               "shape": self.tables.ints(shape),
+                                               "stride": self.tables.ints(stride), **fields})
 
     def run_program(self) -> list[_Insn]:
         run = self.emit(self.plan.actions, [])
