@@ -16,6 +16,8 @@ import torch
 from ascendc_pack import tactics as T
 from ascendc_pack.tactics import AttentionStep, ConvStep, Epilogue, LinearStep
 
+from .conftest import ROOT
+
 E = Epilogue
 UNARIES = sorted(T.UNARY)
 BINARIES = sorted(T.BINARY)
@@ -68,11 +70,18 @@ def test_linear_model_shapes_one_row_and_wide():
     _all_match(LinearStep(128, 256, 1024, epilogue=E(unary="gelu")))
 
 
-@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-                    reason="this CPU has no oneDNN bf16 support")
-def test_linear_bf16_has_no_mkl_and_matches():
+BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@pytest.mark.skipif(not BF16, reason="this CPU has no oneDNN bf16 support")
+def test_bf16_every_kind():
+    """bf16: oneDNN linear/conv and flash attention, no MKL (float32 only)."""
     cands = _all_match(LinearStep(16, 64, 32, dtype="bfloat16", epilogue=E(binary="add", unary="relu")))
-    assert "mkl" not in {t.name for t in cands}
+    assert {t.name for t in cands} == {"aten", "onednn"}
+    _all_match(ConvStep((1, 16, 10, 10), 16, (3, 3), padding=(1, 1), dtype="bfloat16",
+                        epilogue=E(affine=True, binary="add", unary="relu")), expect=CONV_ALL)
+    _all_match(AttentionStep(1, 4, 16, 16, 32, kv_heads=2, mask="bool", mask_shape=(1, 1, 1, 16), dtype="bfloat16"),
+               expect={"unfused", "flash"})
 
 
 # ---- convolution -------------------------------------------------------------------------------
@@ -293,3 +302,23 @@ def test_cpp_dispatcher_finds_every_tactic_op(tmp_path):
     proc = subprocess.run([str(exe), *ops], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("found ") == len(ops) and "boxed linear ok" in proc.stdout
+
+
+# ---- the real-architecture bench models (optional `bench` extra) -------------------------------
+
+BENCH_MODELS = {"resnet18": "torchvision", "mobilenet_v3_small": "torchvision", "efficientnet_b0": "torchvision",
+                "vit_s16": "timm", "bert_4l": "transformers", "llama_gqa_4l": "transformers"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BENCH_MODELS))
+def test_bench_model_loads_and_runs(name):
+    """Each bench model file meets the model-file contract and runs eagerly (no downloads)."""
+    pytest.importorskip(BENCH_MODELS[name], reason=f"bench/models/{name}.py needs the `bench` extra")
+    from ascendc_pack.loader import load_model_file
+
+    loaded = load_model_file(ROOT / "bench" / "models" / f"{name}.py")
+    with torch.no_grad():
+        out = loaded.module(*loaded.example_inputs)
+    assert isinstance(out, torch.Tensor) and out.isfinite().all()
+    assert out.shape[0] == 1

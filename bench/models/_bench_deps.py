@@ -85,6 +85,17 @@ def randomize_batchnorm(model: torch.nn.Module, seed: int = 0) -> torch.nn.Modul
     return model
 
 
+def torchvision_classifier(name: str):
+    """``get_model`` for torchvision's ``name`` classifier: random weights, BatchNorm statistics
+    randomized."""
+
+    def get_model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return randomize_batchnorm(getattr(import_torchvision().models, name)(weights=None))
+
+    return get_model
+
+
 def image_inputs(batch: int = 1, size: int = 224) -> tuple[torch.Tensor]:
     """One batch of random 3-channel images."""
     g = torch.Generator().manual_seed(1)

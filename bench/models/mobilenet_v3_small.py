@@ -6,11 +6,5 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench_deps as deps  # noqa: E402
 
-
-def get_model():
-    models = deps.import_torchvision().models
-    return deps.randomize_batchnorm(models.mobilenet_v3_small(weights=None))
-
-
-def get_example_inputs():
-    return deps.image_inputs()
+get_model = deps.torchvision_classifier("mobilenet_v3_small")
+get_example_inputs = deps.image_inputs
