@@ -209,6 +209,24 @@ def test_stages_build_then_load_equal_all_and_isa_dependent_only_at_load():
         T.Prepack(T.Call("mkldnn::_reorder_linear_weight", (T.Ref("weight"),)), "build", isa_dependent=True)
 
 
+def test_stored_weights_are_what_load_and_calls_read():
+    step = ConvStep(**CONVS["3x3"], epilogue=E(affine=True, unary="relu"))
+    by_name = {t.name: T.stored_weights(t) for t in T.candidates(step)}
+    assert by_name["aten"] == ("bias", "scale_b", "shift_b", "weight")
+    assert by_name["aten_cl"] == ("bias_f", "weight_cl")
+    if "onednn" in by_name:
+        assert by_name["onednn"] == ("bias_f", "weight_f")  # packed at load from these
+    causal = T.candidates(AttentionStep(**ATTN["gqa_causal"]))[0]
+    assert T.stored_weights(causal) == ("causal_keep",)
+    # what is stored plus the activations is enough to run: build the rest at load
+    weights, acts = T.split(T.random_env(step))
+    for t in T.candidates(step):
+        built = T.prepare(t, weights, "build")
+        kept = {n: built[n] for n in T.stored_weights(t)}
+        assert T.check(step, t, T.random_env(step)) is None
+        assert torch.allclose(T.run(t, acts, T.prepare(t, kept, "load")), T.run(t, acts, T.prepare(t, weights)))
+
+
 def test_packed_tactics_pack_at_load():
     names = {(s.kind, t.name): [p.call.op for p in t.prepack if p.when == "load"] for s, t in _every_tactic()}
     if torch.backends.mkldnn.is_available():

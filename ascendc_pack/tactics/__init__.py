@@ -8,6 +8,7 @@ captured first. A tactic runs in two parts, both pure functions over named tenso
     tactic = candidates(step)[i]
     prepared = prepare(tactic, weights)            # derived weights: stage "build", then "load"
     out = run(tactic, activations, prepared)       # the per-call op sequence
+    stored_weights(tactic)                         # what a bundle keeps: weights + build-stage results
 
 Weights are the step's constants (``weight``, ``bias``, ``scale``, ``shift``); activations the
 rest (``x``, ``other``; ``q``, ``k``, ``v``, ``mask``). Every op is called through the dispatcher
@@ -35,7 +36,7 @@ __all__ = [
     "AttentionStep", "BINARY", "Call", "ConvStep", "Dtype", "Epilogue", "LinearStep", "MemoryFormat",
     "Prepack", "Ref", "Step", "Tactic", "TacticError", "UNARY", "WEIGHTS", "bind", "candidates", "check",
     "execute", "host_isa", "prepare", "random_env", "reachable", "reference", "run", "split",
-    "unreachable_ops",
+    "stored_weights", "unreachable_ops",
 ]
 
 
@@ -64,6 +65,14 @@ def run(tactic: Tactic, activations: Mapping[str, torch.Tensor], prepared: Mappi
     """One call of ``tactic`` on ``activations`` with the ``prepared`` weights."""
     with torch.no_grad():
         return execute(tactic.calls, {**prepared, **activations})[tactic.output]
+
+
+def stored_weights(tactic: Tactic) -> tuple[str, ...]:
+    """The tensors a bundle stores for ``tactic``: the step's weights and build-stage results that
+    its load-stage derivations or per-call ops read (intermediates of the build stage are not)."""
+    later = [p.call for p in tactic.prepack if p.when == "load"] + list(tactic.calls)
+    read = set().union(*(c.refs() for c in later)) - {c.out for c in later}
+    return tuple(sorted(n for n in read if n in WEIGHTS or n not in tactic.inputs))
 
 
 def _dtype(step: Step) -> torch.dtype:
