@@ -335,8 +335,12 @@ def test_bench_model_loads_and_runs(name):
     pytest.importorskip(BENCH_MODELS[name], reason=f"bench/models/{name}.py needs the `bench` extra")
     from ascendc_pack.loader import load_model_file
 
-    loaded = load_model_file(ROOT / "bench" / "models" / f"{name}.py")
+    path = ROOT / "bench" / "models" / f"{name}.py"
+    loaded, again = load_model_file(path), load_model_file(path)
     with torch.no_grad():
         out = loaded.module(*loaded.example_inputs)
+        out2 = again.module(*again.example_inputs)
     assert isinstance(out, torch.Tensor) and out.isfinite().all()
     assert out.shape[0] == 1
+    # every load builds the same weights: the bench loads a model file once per contender
+    assert torch.equal(out, out2)
