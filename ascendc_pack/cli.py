@@ -47,7 +47,11 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
         else:
             from .program import dump
 
+            from .fuse import fuse
+            from .program import fusion_summary
+
             click.echo(dump(captured.model), nl=False)
+            click.echo(fusion_summary(fuse(captured.model)))
             click.echo(f"captured in {elapsed:.2f} s")
         if check:
             for report in check_reference(loaded, captured):
