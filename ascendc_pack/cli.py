@@ -69,23 +69,35 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
 @click.option("--cache-dir", default=None, help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
 @click.option("--jobs", default=None, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
+@click.option("--backend", default=None, help="Target device backend (default cpu; the only one so far).")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
-    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle."""
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug):
+    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
+
+    Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
+    stops the build cleanly (exit 130): the bundle is not written, finished kernels stay cached.
+    """
     from .pipeline import build_file
 
     try:
         t0 = time.perf_counter()
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
-                            jobs=jobs, march=march, debug=debug, progress=True)
+                            jobs=jobs, march=march, debug=debug, backend=backend, progress=True)
     except PackError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:
+        click.secho("interrupted: no bundle was written; kernels that finished compiling or tuning "
+                    "stay in the cache", fg="yellow", err=True)
+        sys.exit(130)
     click.echo(result.summary())
-    stages = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+    stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in result.seconds.items())
     size = result.output.stat().st_size
     click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
-               f"{result.kernels_compiled} candidate compiles, {result.kernels_profiled} kernels profiled")
+               f"{result.kernels_compiled} candidate compiles, {result.cache_hits} cached, "
+               f"{result.compile_failures} failed; {result.kernels_profiled} kernels profiled, "
+               f"{result.candidates_disqualified} candidates disqualified"
+               + (f"; {len(result.fallbacks)} kernels fell back to ATen" if result.fallbacks else ""))
 
 
 @main.command()
@@ -114,31 +126,43 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, work_di
 @main.command()
 @click.argument("bundle", type=str)
 @click.option("--name", default=None, help="Model name in the URLs (default: the bundle's model name).")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Interface to listen on (127.0.0.1: this machine only).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on. Loopback by default: no authentication or TLS; pass 0.0.0.0 to serve other machines (e.g. in a container).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="HTTP port.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Model instances serving requests in parallel (each loads the bundle: own buffers).")
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log one line per request.")
 @click.option("--max-body-mb", default=None, type=click.FloatRange(min=0, min_open=True),
-              help="Refuse request bodies larger than this (413); default 64 MiB + 32 x the input bytes.")
+              help="Refuse request bodies larger than this after decompression (413); default 1 MiB + 16 x the input bytes.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's line and headers to arrive (408 and close after).")
+@click.option("--body-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's whole body to arrive after its headers (408 and close after).")
+@click.option("--keep-alive", default=15.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds an idle kept-alive connection stays open (behind a proxy: above the proxy's idle timeout).")
+@click.option("--limit-concurrency", default=64, show_default=True, type=click.IntRange(1),
+              help="Connections plus requests in flight; beyond it the server answers 503.")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
-def serve(bundle, name, host, port, workers, access_log, max_body_mb, eager_model):
+def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
+          limit_concurrency, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
     HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
     """
     from ascendc_pack_runtime.errors import BundleError
+    from ascendc_pack_runtime.server import ServeOptions, serve as serve_bundle
 
     factory = None
     try:
+        options = ServeOptions(host=host, port=port, workers=workers, access_log=access_log,
+                               max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+                               header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                               keep_alive_s=keep_alive, limit_concurrency=limit_concurrency)
         if eager_model is not None:
             factory = _eager_runner_factory(eager_model)
-        from ascendc_pack_runtime.kserve_model import serve as serve_bundle
-        serve_bundle(bundle, name=name, host=host, port=port, workers=workers, runner_factory=factory,
-                     access_log=access_log,
-                     max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+        serve_bundle(bundle, options, name=name, runner_factory=factory,
                      platform="pytorch_eager" if eager_model else None)
     except (BundleError, PackError, ValueError, ImportError) as exc:
         _fail(exc)
