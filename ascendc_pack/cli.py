@@ -88,7 +88,7 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Bundle path (default: <model name>.ascpack).")
 @click.option("--cores", default=None, type=POSITIVE_INT, help="Core limit: every kernel's block_dim <= N (default: all cores).")
-@click.option("--cache-dir", default=None, help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
 @click.option("--jobs", default=None, type=POSITIVE_INT, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
 @click.option("--backend", default=None, help="Target device backend (default cpu; the only one so far).")
