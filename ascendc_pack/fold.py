@@ -16,6 +16,8 @@ Run it on the captured program, before fusion.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass
 
@@ -112,9 +114,7 @@ def fold_constants(model: ModelProgram, weights: dict[str, torch.Tensor], *,
                       values=new_specs)
     fqns = {w: model.weight_fqns.get(w, w) for w in model.weights if w in read}
     fqns.update({n: f"<folded {n}>" for n in fold})
-    folded = ModelProgram(name=model.name, program=program, weights=weight_names, weight_fqns=fqns,
-                          user_inputs=list(model.user_inputs), mutations=dict(model.mutations),
-                          user_outputs=list(model.user_outputs), out_spec=model.out_spec)
+    folded = dataclasses.replace(model, program=program, weights=weight_names, weight_fqns=fqns)
     n_folded = len(p.steps) - len(steps)
     log.info("constant folding: %d steps run once at build time, %d new weights (%s bytes), %d weights dropped",
              n_folded, len(fold), sum(new_weights[n].numel() * new_weights[n].element_size() for n in fold),
