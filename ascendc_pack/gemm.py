@@ -1,0 +1,636 @@
+"""Generated GEMM kernels: C = epilogue(A·B [+ bias]) as static kernels with tiling candidates.
+
+The CPU analogue of AscendC's matmul templates (issue 12): a :class:`GemmSpec` (static shapes,
+strides, dtype, bias, fused pointwise epilogue) gets up to 10 candidate tilings from a cost model
+(:func:`propose`): a register block MR x NR (NR a multiple of the vector width), cache blocks
+MC/NC/KC sized from the host's L1/L2, a thread count (block_dim), and how B reaches the
+micro-kernel:
+
+* ``pack=none`` - read B in place (float32 B with contiguous rows, i.e. [K, N]);
+* ``pack=call`` - every call first packs B into NR-wide panels in the workspace;
+* ``pack=load`` - B is a constant (a weight): the graph packs it once, at load time, with the
+  candidate's exported ``ap_gemm_pack_b`` (layout in ``ascendc_pack/gemm_abi.h``) and passes the
+  packed buffer as input 1.
+
+Each candidate renders to its own source (``templates/kernel/gemm.cpp.j2``) implementing the
+static kernel ABI, so :func:`ascendc_pack.compiler.compile_kernels` and the runtime's
+``KernelLibrary`` handle it like any fused kernel. :class:`GemmKernel` launches one on tensors
+(packing B when the candidate wants it); :func:`eager_reference` is what it must match.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ascendc_pack_runtime.kernels import KernelLibrary
+from ascendc_pack_runtime.tensor_meta import same_layout
+
+from .cache import check_component
+from .candidate import Candidate
+from .codegen import template_env
+from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from .config import BuildConfig
+from .errors import PackError
+
+MAX_CANDIDATES = 10
+TEMPLATE_NAME = "kernel/gemm.cpp.j2"
+DTYPES = {"float32": ("float", torch.float32), "bfloat16": ("uint16_t", torch.bfloat16),
+          "float16": ("uint16_t", torch.float16)}
+EPILOGUE_OPS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "add")
+"""Pointwise steps a GEMM can fuse, applied in order after the bias; ``add`` adds the next
+residual input (a tensor broadcastable to [batch, M, N], strides in the spec)."""
+
+# C statement of each epilogue step on the float `v` (torch's formulas, kernel_math.h functions)
+_EPILOGUE_C = {
+    "relu": "v = v < 0.0f ? 0.0f : v;",
+    "gelu": "v = v * 0.5f * (1.0f + ap_erf(v * 0.70710678118654752f));",
+    "gelu_tanh": "v = 0.5f * v * (1.0f + ap_tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));",
+    "silu": "v = v / (1.0f + ap_exp(-v));",
+    "sigmoid": "v = ap_sigmoid(v);",
+}
+_CONVERT = {  # dtype -> (to float, from float, round to the dtype)
+    "float32": ("x", "v", "v"),
+    "bfloat16": ("ap_bf16_to_f32(x)", "ap_f32_to_bf16(v)", "ap_round_bf16(v)"),
+    "float16": ("ap_f16_to_f32(x)", "ap_f32_to_f16(v)", "ap_round_f16(v)"),
+}
+
+
+class GemmSpecError(PackError, ValueError):
+    """A GEMM spec or a GEMM kernel call is inconsistent (message names the problem and the fix)."""
+
+
+def _template_version() -> str:
+    import hashlib
+
+    env = template_env()
+    source, _, _ = env.loader.get_source(env, TEMPLATE_NAME)
+    h = hashlib.sha256(source.encode())
+    h.update(Path(__file__).read_bytes())
+    return "gemm-v1-" + h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+Strides = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """One static GEMM ``C[b] = epilogue(A[b] @ B[b] (+ bias))``, C contiguous [batch, M, N].
+
+    Strides are in elements, in logical order: ``a_strides`` = (batch, m, k) with k-stride 1
+    (row-major A), ``b_strides`` = (batch, k, n) of B as the graph holds it: (0, N, 1) is a
+    [K, N] matrix, (0, 1, K) an nn.Linear weight [N, K]; batch stride 0 = one B for every batch.
+    ``b_constant``: B is a weight, so candidates may pack it once at load time. ``residual_strides``
+    has one (batch, m, n) triple per ``add`` step (0 broadcasts). ``dtype`` is that of every input
+    and of C; the kernel computes in float32 and rounds where eager's ops round."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float32"
+    a_strides: Strides | None = None
+    b_strides: Strides | None = None
+    b_constant: bool = False
+    bias: bool = False
+    epilogue: tuple[str, ...] = ()
+    residual_strides: tuple[Strides, ...] | None = None
+
+    def __post_init__(self):
+        try:
+            check_component(self.name, "GEMM kernel name")
+        except ValueError as e:
+            raise GemmSpecError(str(e)) from None
+        for what in ("m", "n", "k", "batch"):
+            v = getattr(self, what)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise GemmSpecError(f"GEMM {self.name}: {what} must be a positive int, got {v!r}")
+        if self.dtype not in DTYPES:
+            raise GemmSpecError(f"GEMM {self.name}: dtype must be one of {', '.join(DTYPES)}, got "
+                                f"{self.dtype!r}; other dtypes run as ATen")
+        bad = [op for op in self.epilogue if op not in EPILOGUE_OPS]
+        if bad:
+            raise GemmSpecError(f"GEMM {self.name}: unsupported epilogue step(s) {bad}; fusable steps are "
+                                f"{', '.join(EPILOGUE_OPS)} (leave others to a separate kernel)")
+        m, n, k = self.m, self.n, self.k
+        object.__setattr__(self, "epilogue", tuple(self.epilogue))
+        object.__setattr__(self, "a_strides", self._strides("a_strides", self.a_strides, (m * k, k, 1)))
+        object.__setattr__(self, "b_strides", self._strides("b_strides", self.b_strides, (k * n, n, 1)))
+        n_add = self.epilogue.count("add")
+        res = self.residual_strides
+        res = ((m * n, n, 1),) * n_add if res is None else tuple(self._strides("residual_strides", r, None)
+                                                               for r in res)
+        if len(res) != n_add:
+            raise GemmSpecError(f"GEMM {self.name}: {n_add} 'add' epilogue step(s) need as many residual "
+                                f"stride triples, got {len(res)}")
+        if self.batch == 1:  # the batch stride of a single batch is meaningless: keep one spelling
+            res = tuple((0,) + r[1:] for r in res)
+            object.__setattr__(self, "a_strides", (0,) + self.a_strides[1:])
+            object.__setattr__(self, "b_strides", (0,) + self.b_strides[1:])
+        object.__setattr__(self, "residual_strides", res)
+        if self.a_strides[2] != 1:
+            raise GemmSpecError(f"GEMM {self.name}: A must be row-major (k-stride 1), got strides "
+                                f"{self.a_strides}; make A contiguous before the GEMM")
+        sb = self.b_strides
+        if sb[1] != 1 and sb[2] != 1:
+            raise GemmSpecError(f"GEMM {self.name}: B needs k-stride 1 ([N, K]) or n-stride 1 ([K, N]), "
+                                f"got strides {sb}; make B contiguous first")
+        if self.b_constant and sb[0] != 0 and self.batch > 1:
+            raise GemmSpecError(f"GEMM {self.name}: a constant (packable) B must be shared by all "
+                                f"batches (batch stride 0), got strides {sb}")
+
+    def _strides(self, what: str, value, default) -> Strides:
+        if value is None:
+            return default
+        value = tuple(value)
+        if len(value) != 3 or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in value):
+            raise GemmSpecError(f"GEMM {self.name}: {what} must be 3 non-negative ints (batch, row, column "
+                                f"strides in elements), got {value!r}")
+        return value
+
+    @staticmethod
+    def linear(name: str, m: int, n: int, k: int, *, bias: bool = True, epilogue=(), dtype="float32",
+               batch: int = 1, residual_strides=None) -> GemmSpec:
+        """``F.linear(x, weight[N, K], bias)`` on x [batch, M, K], weight constant (packable)."""
+        return GemmSpec(name, m, n, k, batch, dtype, None, (0, 1, k), True, bias, tuple(epilogue),
+                        residual_strides)
+
+    @staticmethod
+    def matmul(name: str, m: int, n: int, k: int, *, batch: int = 1, transpose_b: bool = False,
+               epilogue=(), dtype="float32", bias: bool = False, residual_strides=None) -> GemmSpec:
+        """``torch.mm`` / ``torch.bmm`` of two activations: B [batch, K, N], or [batch, N, K]
+        read transposed (``A @ B.transpose(-1, -2)``, as in attention's Q·Kᵀ)."""
+        bstride = (k * n if batch > 1 else 0,) + ((1, k) if transpose_b else (n, 1))
+        return GemmSpec(name, m, n, k, batch, dtype, None, bstride, False, bias, tuple(epilogue),
+                        residual_strides)
+
+    @property
+    def b_transposed(self) -> bool:
+        """B is held as [N, K] (k-stride 1) rather than [K, N]."""
+        return self.b_strides[2] != 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    @property
+    def n_inputs(self) -> int:
+        return 2 + int(self.bias) + len(self.residual_strides)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["epilogue"] = list(self.epilogue)
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> GemmSpec:
+        d = dict(d)
+        d["residual_strides"] = tuple(tuple(r) for r in d.get("residual_strides") or ())
+        return GemmSpec(**{**d, "epilogue": tuple(d.get("epilogue", ()))})
+
+    def spec_text(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- target
+
+
+def _sysfs_caches() -> dict[str, int]:
+    """{"L1d": bytes, "L2": ..., "L3": ...} of cpu0 from sysfs (empty where unavailable)."""
+    out = {}
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind = (d / "level").read_text().strip(), (d / "type").read_text().strip()
+            size = _size_bytes((d / "size").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified"):
+            out[f"L{level}" + ("d" if level == "1" else "")] = size
+    return out
+
+
+def _lscpu_caches() -> dict[str, int]:
+    """Per-instance cache sizes from ``lscpu -C`` (empty where unavailable)."""
+    try:
+        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True,
+                              timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in ("L1d", "L2", "L3") and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _size_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1:].upper() in units else int(text)
+
+
+@dataclass(frozen=True)
+class GemmTarget:
+    """What the GEMM cost model knows about the machine: cores, per-core caches, the float
+    vector width of the compile target and its vector register count."""
+
+    cores: int
+    lanes: int = 8
+    registers: int = 16
+    l1d: int = 32 << 10
+    l2: int = 1 << 20
+    l3: int = 8 << 20
+    ghz: float = 2.5
+
+    @staticmethod
+    def detect(cores: int, march: str = "native", caches: dict[str, int] | None = None) -> GemmTarget:
+        """The host's caches (sysfs, else ``lscpu``, else defaults) and the vector width
+        ``-march=<march>`` gives g++ (AVX-512: 16 floats and 32 registers, AVX: 8 and 16,
+        NEON/SVE: 4 and 32, otherwise SSE: 4 and 16)."""
+        caches = caches if caches is not None else (_sysfs_caches() or _lscpu_caches())
+        feats = set(isa_features(march))
+        if "avx512f" in feats:
+            lanes, regs = 16, 32
+        elif "avx" in feats:
+            lanes, regs = 8, 16
+        else:
+            lanes, regs = 4, 32 if "asimd" in feats else 16
+        d = GemmTarget(cores=max(1, cores))
+        return GemmTarget(cores=max(1, cores), lanes=lanes, registers=regs, l1d=caches.get("L1d", d.l1d),
+                          l2=caches.get("L2", d.l2), l3=caches.get("L3", d.l3))
+
+
+# ----------------------------------------------------------------------------- tiling + cost
+
+
+@dataclass(frozen=True)
+class GemmTiling:
+    """A candidate's parameters (see the module docstring)."""
+
+    mr: int
+    nr: int
+    lanes: int
+    mc: int
+    nc: int
+    kc: int
+    bd: int
+    pack: str
+
+    @property
+    def tiling_repr(self) -> str:
+        d = asdict(self)
+        return ";".join(f"{k}={d[k]}" for k in sorted(d))
+
+
+@dataclass(frozen=True)
+class GemmCandidate:
+    """A tiling, its candidate triple (kernel_key) and its estimated time."""
+
+    tiling: GemmTiling
+    candidate: Candidate
+    est_us: float
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
+def _layout_bytes(spec: GemmSpec, t: GemmTiling) -> tuple[int, int, int]:
+    """(shared workspace bytes, bytes per thread, tail-buffer offset in floats per thread)."""
+    packed = spec.batch if spec.b_strides[0] else 1
+    shared = _round_up(packed * _ceil(spec.n, t.nr) * spec.k * t.nr * 4, 64) if t.pack == "call" else 0
+    acc = t.mc * _round_up(t.nc, t.nr) if spec.dtype != "float32" and spec.k > t.kc else 0
+    tail = t.kc * t.nr if t.pack == "none" and spec.n % t.nr else 0
+    return shared, _round_up((acc + tail) * 4, 64), acc
+
+
+def workspace_bytes(spec: GemmSpec, t: GemmTiling) -> int:
+    """Scratch bytes a candidate needs (64 spare bytes let the kernel align it)."""
+    shared, per_thread, _ = _layout_bytes(spec, t)
+    total = shared + t.bd * per_thread
+    return total + 64 if total else 0
+
+
+_EPI_CYCLES = {"relu": 1, "gelu": 12, "gelu_tanh": 12, "silu": 10, "sigmoid": 10, "add": 1}
+
+
+def _ukernel_cycles(r: int, w: int) -> float:
+    """Cycles per k step of an r x w-vector register block: 2 FMA pipes, 2 loads per cycle
+    (w B vectors and r broadcasts), and the FMA latency (4) over independent accumulators."""
+    s = 2 if r * w < 8 else 1
+    return max(r * w / 2.0, (r + w) / 2.0, 4.0 / s)
+
+
+def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
+    """Rank-only estimate of one call in microseconds (PGO measures; this orders candidates)."""
+    m, n, k = spec.m, spec.n, spec.k
+    vec = t.lanes
+    epi = 2 + sum(_EPI_CYCLES[o] for o in spec.epilogue) + (6 if spec.dtype != "float32" else 0)
+    nv, nvt, mt = t.nr // vec, _ceil(n % t.nr, vec), m % t.mr
+    # cache fit: the KC x NR panel in half of L1, the MC x KC block of A in half of L2
+    factor = 1.0
+    if t.kc * t.nr * 4 > t.lanes * 0 + target.l1d * 0.6:
+        factor *= 1.25
+    a_elem = 4 if spec.dtype == "float32" else 2
+    if t.mc * t.kc * a_elem > target.l2 * 0.6:
+        factor *= 1.15
+    if t.pack == "none" and k > 32:
+        factor *= 1.1 if (spec.b_strides[1] * 4) % 4096 else 1.3  # rows of B in L1 sets / pages
+
+    def block_cycles(mlen: int, nlen: int) -> float:
+        rows = [(t.mr, mlen // t.mr)] + ([(mlen % t.mr, 1)] if mlen % t.mr else [])
+        last = nlen % t.nr
+        cols = [(nv, nlen // t.nr)] + ([(_ceil(last, vec), 1)] if last else [])
+        cyc = 0.0
+        for r, nr_ in rows:
+            for w, nc_ in cols:
+                cyc += nr_ * nc_ * (k * _ukernel_cycles(r, w) * factor + 30)
+        kblocks = _ceil(k, t.kc)
+        cyc += mlen * _ceil(nlen, vec) * (epi + 2 * (kblocks - 1))  # tile merges + epilogue
+        return cyc
+
+    mb, nb = _ceil(m, t.mc), _ceil(n, t.nc)
+    tasks = []
+    for b in range(min(spec.batch, 64)):
+        for j in range(nb):
+            nlen = min(t.nc, n - j * t.nc)
+            tasks.extend(block_cycles(min(t.mc, m - i * t.mc), nlen) for i in range(mb))
+    scale = spec.batch / min(spec.batch, 64)
+    nt = t.bd
+    chunk = _ceil(len(tasks), nt)
+    busiest = max(sum(tasks[i:i + chunk]) for i in range(0, len(tasks), chunk)) * scale
+    if len(tasks) < nt:
+        busiest = max(tasks) * scale
+    us = busiest / (target.ghz * 1e3)
+    if t.pack == "call":  # one more pass over B (transposing is slower), shared by the threads
+        per_elem = 1.5 if spec.b_transposed else 0.6
+        packed = (spec.batch if spec.b_strides[0] else 1) * n * k
+        us += packed * per_elem / min(nt, max(1, _ceil(n, t.nr))) / (target.ghz * 1e3) + (1.0 if nt > 1 else 0)
+    if nt > 1:
+        us += 4.0  # fork/join; more on a busy host, where small kernels must stay single-threaded
+    return us
+
+
+def _register_blocks(target: GemmTarget) -> list[tuple[int, int]]:
+    """(MR, vectors per row) pairs whose accumulators, B vectors and a broadcast fit the registers."""
+    blocks = []
+    for r in (1, 2, 3, 4, 6, 8, 12, 14):
+        for w in (1, 2, 3, 4, 6, 8):
+            accs = r * w * (2 if r * w < 8 else 1)
+            if accs + w + 1 <= target.registers and (r * w >= 4 or r == 1):
+                blocks.append((r, w))
+    return blocks
+
+
+def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
+    m, n, k, vec = spec.m, spec.n, spec.k, target.lanes
+    packs = ["call"] + (["load"] if spec.b_constant else [])
+    if spec.dtype == "float32" and not spec.b_transposed:
+        packs.append("none")
+    bds = sorted({1, cores} | ({cores // 2} if cores >= 4 else set()))
+    out = []
+    for r, w in _register_blocks(target):
+        nr = w * vec
+        if (r > m and r > 1) or (w > 1 and (w - 1) * vec >= n):
+            continue  # a block that only ever runs as a tail, or a vector that is always empty
+        kc_cache = max(32, int(target.l1d * 0.5 / (nr * 4)) // 16 * 16)
+        kcs = {k if k <= kc_cache * 1.5 else kc_cache}
+        if k > kc_cache * 1.5 and k <= 4 * kc_cache:
+            kcs.add(_round_up(_ceil(k, _ceil(k, 2 * kc_cache)), 16))
+        for kc in kcs:
+            mc_cache = max(r, int(target.l2 * 0.5 / (kc * 4)) // r * r)
+            mc_full = min(mc_cache, _round_up(m, r))
+            nc_full = min(_round_up(n, nr), max(nr, int(target.l2 * 0.5 / (kc * 4)) // nr * nr))
+            for bd in bds:
+                blocks = {(mc_full, nc_full)}
+                if bd > 1:  # enough tasks for the threads: split N, or split M
+                    blocks.add((mc_full, max(nr, _round_up(_ceil(n, bd * 2), nr))))
+                    blocks.add((mc_full, max(nr, _round_up(_ceil(n, bd), nr))))
+                    blocks.add((max(r, _round_up(_ceil(m, bd), r)), nc_full))
+                for mc, nc in blocks:
+                    for pack in packs:
+                        out.append(GemmTiling(r, nr, vec, mc, nc, kc, bd, pack))
+    return out
+
+
+def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[GemmCandidate]:
+    """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first. The list keeps
+    variety for PGO: the best of every (pack, threads) kind and of every register block come
+    before the runners-up."""
+    scored, seen = [], set()
+    for t in _space(spec, target, target.cores):
+        cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
+        if cand.kernel_key not in seen:
+            seen.add(cand.kernel_key)
+            scored.append(GemmCandidate(t, cand, estimate_us(spec, t, target)))
+    scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    ranked = []
+    for kind in (lambda t: (t.pack, t.bd), lambda t: (t.mr, t.nr)):
+        firsts = {}
+        for c in scored:
+            firsts.setdefault(kind(c.tiling), c)
+        ranked += [c for c in firsts.values() if c not in ranked]
+    ranked += [c for c in scored if c not in ranked]
+    return sorted(ranked[:max(1, min(topn, MAX_CANDIDATES))], key=lambda c: (c.est_us, c.candidate.tiling_repr))
+
+
+# ----------------------------------------------------------------------------- render + build
+
+
+def _epilogue_lines(spec: GemmSpec) -> list[str]:
+    rnd = spec.dtype != "float32"
+    lines = ["v += to_f32(g.bias[n]);"] if spec.bias else []
+    lines += ["v = rnd(v);"] if rnd else []
+    res = 0
+    for op in spec.epilogue:
+        if op == "add":
+            lines.append(f"v += to_f32(g.res{res}[bb * SR{res}_B + m * SR{res}_M + n * SR{res}_N]);")
+            res += 1
+        else:
+            lines.append(_EPILOGUE_C[op])
+        lines += ["v = rnd(v);"] if rnd else []
+    return lines
+
+
+def render(spec: GemmSpec, cand: GemmCandidate, isa: str) -> str:
+    """C++ source of one candidate (a static kernel: shapes and tiling compiled in)."""
+    t, c = cand.tiling, cand.candidate
+    shared, per_thread, tail_offset = _layout_bytes(spec, t)
+    to_f32, from_f32, rnd = _CONVERT[spec.dtype]
+    return template_env().get_template(TEMPLATE_NAME).render(
+        name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
+        block_dim=c.block_dim, isa=isa, dtype=spec.dtype, ctype=DTYPES[spec.dtype][0], to_f32=to_f32,
+        from_f32=from_f32, rnd=rnd, batch=spec.batch, m=spec.m, n=spec.n, k=spec.k, sa=spec.a_strides,
+        sb=spec.b_strides, bias=spec.bias, residuals=spec.residual_strides, t=t,
+        shared_bytes=shared, thread_bytes=per_thread, tail_offset=tail_offset,
+        acc_in_ws=spec.dtype != "float32" and spec.k > t.kc, mtail=spec.m % t.mr != 0,
+        ntail=spec.n % t.nr != 0, n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
+
+
+TEMPLATE_VERSION = _template_version()
+
+
+@dataclass
+class GemmBuild:
+    """One GEMM's ranked candidates and the compile request for them (same order)."""
+
+    spec: GemmSpec
+    candidates: list[GemmCandidate]
+    build: KernelBuild
+    compiled: CompiledKernel | None = field(default=None)
+
+
+def plan(spec: GemmSpec, config: BuildConfig, target: GemmTarget | None = None) -> GemmBuild:
+    """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
+    target = target or GemmTarget.detect(config.effective_cores, config.march)
+    isa = ",".join(isa_features(config.march))
+    cands = propose(spec, target, config.topn)
+    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
+    ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
+    return GemmBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
+
+
+def compile_gemms(specs: list[GemmSpec], config: BuildConfig, target: GemmTarget | None = None,
+                  **compile_kwargs) -> list[GemmBuild]:
+    """Plan every spec and compile all their candidates in one ``compile_kernels`` call
+    (parallel across specs, cached like fused kernels)."""
+    target = target or GemmTarget.detect(config.effective_cores, config.march)
+    builds = [plan(s, config, target) for s in specs]
+    for b, ck in zip(builds, compile_kernels([b.build for b in builds], config, **compile_kwargs)):
+        b.compiled = ck
+    return builds
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+class _GemmInfo(ctypes.Structure):
+    _fields_ = [("b_packed", ctypes.c_int32), ("nr", ctypes.c_int32), ("packed_b_bytes", ctypes.c_int64),
+                ("b_batches", ctypes.c_int64)]
+
+
+class GemmKernel:
+    """One compiled GEMM candidate on torch tensors: checks operands against the spec, packs a
+    constant B once (:meth:`prepare_b`) when the candidate reads it packed, launches.
+
+    Operands are A [batch, M, K] (or [M, K] when batch is 1), B in the layout of the spec
+    (``[K, N]`` or, transposed, ``[N, K]``; with a batch dimension when its batch stride is not
+    0), bias [N], residuals viewable with the spec's strides."""
+
+    def __init__(self, spec: GemmSpec, so_path: str | os.PathLike, kernel_key: str | None = None):
+        self.spec = spec
+        self.lib = KernelLibrary(so_path, kernel_key)
+        cdll = ctypes.CDLL(str(so_path), mode=getattr(ctypes, "RTLD_LOCAL", 0))  # the same handle
+        describe = cdll.ap_gemm_describe
+        describe.restype = ctypes.POINTER(_GemmInfo)
+        info = describe().contents
+        self.b_packed, self.packed_b_bytes = bool(info.b_packed), int(info.packed_b_bytes)
+        self._pack = cdll.ap_gemm_pack_b
+        self._pack.restype, self._pack.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+        ws = self.lib.workspace
+        self._workspace = torch.empty(ws, dtype=torch.uint8) if ws else None
+
+    def _check(self, what: str, t: torch.Tensor, shape, strides) -> None:
+        dtype = DTYPES[self.spec.dtype][1]
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
+            got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise GemmSpecError(f"GEMM {self.spec.name}: {what} must be a CPU {dtype} tensor, got {got}")
+        if not same_layout(t.shape, t.stride(), shape, strides):
+            raise GemmSpecError(f"GEMM {self.spec.name}: {what} is {list(t.shape)} with strides {t.stride()}, "
+                                f"the kernel was generated for {list(shape)} with strides {list(strides)}")
+
+    def _b_shape(self):
+        s = self.spec
+        if s.b_transposed:
+            core, strides = (s.n, s.k), (s.b_strides[2], s.b_strides[1])
+        else:
+            core, strides = (s.k, s.n), (s.b_strides[1], s.b_strides[2])
+        return ((s.batch,) + core, (s.b_strides[0],) + strides) if s.b_strides[0] else (core, strides)
+
+    def pack_b(self, b: torch.Tensor, max_threads: int = 0) -> torch.Tensor:
+        """B packed into this candidate's panels (gemm_abi.h), as a float32 tensor."""
+        self._check("B", b, *self._b_shape())
+        packed = torch.empty(self.packed_b_bytes // 4, dtype=torch.float32)
+        if self._pack(b.data_ptr(), packed.data_ptr(), max_threads) != 0:
+            raise RuntimeError(f"GEMM {self.spec.name}: ap_gemm_pack_b failed")
+        return packed
+
+    def prepare_b(self, b: torch.Tensor) -> torch.Tensor:
+        """What to pass as B on every call: the packed weight (packed now, once) or B itself."""
+        return self.pack_b(b) if self.b_packed else b
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                 residuals=(), out: torch.Tensor | None = None, max_threads: int = 0) -> torch.Tensor:
+        s = self.spec
+        a_shape = (s.batch, s.m, s.k) if s.batch > 1 else (s.m, s.k)
+        self._check("A", a, a_shape, s.a_strides if s.batch > 1 else s.a_strides[1:])
+        if self.b_packed:
+            if b.dtype != torch.float32 or b.numel() * 4 != self.packed_b_bytes or not b.is_contiguous():
+                raise GemmSpecError(f"GEMM {s.name}: this candidate reads B packed; pass prepare_b(B) "
+                                    f"({self.packed_b_bytes // 4} float32), got {b.dtype}{list(b.shape)}")
+        else:
+            self._check("B", b, *self._b_shape())
+        ins = [a, b]
+        if s.bias:
+            if bias is None:
+                raise GemmSpecError(f"GEMM {s.name}: the kernel adds a bias [N]; pass bias=")
+            self._check("bias", bias, (s.n,), (1,))
+            ins.append(bias)
+        if len(residuals) != len(s.residual_strides):
+            raise GemmSpecError(f"GEMM {s.name}: the epilogue adds {len(s.residual_strides)} residual(s), "
+                                f"got {len(residuals)}")
+        for i, (r, st) in enumerate(zip(residuals, s.residual_strides)):
+            try:
+                view = r.expand((s.batch, s.m, s.n))
+            except (RuntimeError, AttributeError):
+                raise GemmSpecError(f"GEMM {s.name}: residual {i} must broadcast to "
+                                    f"[{s.batch}, {s.m}, {s.n}], got {getattr(r, 'shape', r)}") from None
+            self._check(f"residual {i}", view, (s.batch, s.m, s.n), st)
+            ins.append(r)
+        out_shape = (s.batch, s.m, s.n) if s.batch > 1 else (s.m, s.n)
+        if out is None:
+            out = torch.empty(out_shape, dtype=DTYPES[s.dtype][1])
+        self._check("out", out, out_shape, (s.m * s.n, s.n, 1)[-len(out_shape):])
+        rc = self.lib.launch(ins, [out], self._workspace, max_threads)
+        if rc != 0:
+            raise RuntimeError(f"GEMM {s.name} ({self.lib.kernel_key}) failed with status {rc}")
+        return out
+
+
+def eager_reference(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, bias=None, residuals=()) -> torch.Tensor:
+    """What eager PyTorch computes for ``spec`` on the same operands (shapes as for
+    :class:`GemmKernel`): ``F.linear`` for a transposed shared B (a weight), else ``torch.matmul``
+    (+ bias), then the epilogue steps with torch's own ops."""
+    s = spec
+    if s.b_transposed and not s.b_strides[0]:
+        y = F.linear(a, b, bias)
+    else:
+        y = torch.matmul(a, b.transpose(-1, -2) if s.b_transposed else b)
+        y = y + bias if bias is not None else y
+    res = iter(residuals)
+    for op in s.epilogue:
+        if op == "add":
+            y = y + next(res)
+        elif op == "gelu":
+            y = F.gelu(y)
+        elif op == "gelu_tanh":
+            y = F.gelu(y, approximate="tanh")
+        else:
+            y = {"relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid}[op](y)
+    return y
