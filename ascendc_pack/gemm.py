@@ -252,7 +252,7 @@ class GemmTarget:
     l1d: int = 32 << 10
     l2: int = 1 << 20
     l3: int = 8 << 20
-    ghz: float = 2.5
+    ghz: float = 3.0
 
     @staticmethod
     def detect(cores: int, march: str = "native", caches: dict[str, int] | None = None) -> GemmTarget:
@@ -328,60 +328,60 @@ def workspace_bytes(spec: GemmSpec, t: GemmTiling) -> int:
 
 
 _EPI_CYCLES = {"relu": 1, "gelu": 12, "gelu_tanh": 12, "silu": 10, "sigmoid": 10, "add": 1}
+# Fraction of FMA peak a register block reaches in its k loop, by vectors per row, for blocks of
+# up to 4 rows and of 6 or more (measured single-threaded, 128x256x256, on the AVX-512 host this
+# was written on: few rows re-stream the B panel and broadcast more per FMA)
+_EFF_FEW_ROWS = {1: 0.8, 2: 0.68, 3: 0.73, 4: 0.8, 6: 0.8}
+_EFF_MANY_ROWS = {1: 0.87, 2: 1.0, 3: 0.97, 4: 1.0, 6: 1.0}
 
 
 def _ukernel_cycles(r: int, w: int) -> float:
-    """Cycles per k step of an r x w-vector register block: 2 FMA pipes, 2 loads per cycle
-    (w B vectors and r broadcasts), and the FMA latency (4) over independent accumulators."""
-    s = 2 if r * w < 8 else 1
-    return max(r * w / 2.0, (r + w) / 2.0, 4.0 / s)
+    """Cycles per k step of an r x w-vector register block: r*w FMAs on 2 pipes at the block's
+    measured efficiency, and no faster than FMA latency (4) over its independent accumulators."""
+    chains = r * w * (2 if r * w < 8 else 1)
+    eff = min((_EFF_MANY_ROWS if r >= 6 else _EFF_FEW_ROWS).get(w, 0.8), chains / 8)
+    return r * w / 2.0 / eff
 
 
 def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
-    """Rank-only estimate of one call in microseconds (PGO measures; this orders candidates)."""
-    m, n, k = spec.m, spec.n, spec.k
-    vec = t.lanes
+    """Rank-only estimate of one call in microseconds (PGO measures; this orders candidates):
+    the busiest thread's micro-kernel cycles (tails, cache misfits, epilogue) or, when larger,
+    the time to stream the operands from the cache level they live in; plus packing per call
+    and the fork/join of a parallel region."""
+    m, n, k, vec = spec.m, spec.n, spec.k, t.lanes
     epi = 2 + sum(_EPI_CYCLES[o] for o in spec.epilogue) + (6 if spec.dtype != "float32" else 0)
-    nv, nvt, mt = t.nr // vec, _ceil(n % t.nr, vec), m % t.mr
-    # cache fit: the KC x NR panel in half of L1, the MC x KC block of A in half of L2
-    factor = 1.0
-    if t.kc * t.nr * 4 > t.lanes * 0 + target.l1d * 0.6:
+    factor = 1.0  # cache fit: the KC x NR panel in L1, the MC x KC block of A in L2
+    if t.kc * t.nr * 4 > target.l1d * 0.6:
         factor *= 1.25
-    a_elem = 4 if spec.dtype == "float32" else 2
-    if t.mc * t.kc * a_elem > target.l2 * 0.6:
+    if t.mc * t.kc * (4 if spec.dtype == "float32" else 2) > target.l2 * 0.6:
         factor *= 1.15
     if t.pack == "none" and k > 32:
         factor *= 1.1 if (spec.b_strides[1] * 4) % 4096 else 1.3  # rows of B in L1 sets / pages
 
     def block_cycles(mlen: int, nlen: int) -> float:
         rows = [(t.mr, mlen // t.mr)] + ([(mlen % t.mr, 1)] if mlen % t.mr else [])
-        last = nlen % t.nr
-        cols = [(nv, nlen // t.nr)] + ([(_ceil(last, vec), 1)] if last else [])
-        cyc = 0.0
-        for r, nr_ in rows:
-            for w, nc_ in cols:
-                cyc += nr_ * nc_ * (k * _ukernel_cycles(r, w) * factor + 30)
-        kblocks = _ceil(k, t.kc)
-        cyc += mlen * _ceil(nlen, vec) * (epi + 2 * (kblocks - 1))  # tile merges + epilogue
-        return cyc
+        cols = [(t.nr // vec, nlen // t.nr)] + ([(_ceil(nlen % t.nr, vec), 1)] if nlen % t.nr else [])
+        cyc = sum(nr_ * nc_ * (k * _ukernel_cycles(r, w) * factor + 30) for r, nr_ in rows for w, nc_ in cols)
+        return cyc + mlen * _ceil(nlen, vec) * (epi + 2 * (_ceil(k, t.kc) - 1))  # tile merges + epilogue
 
     mb, nb = _ceil(m, t.mc), _ceil(n, t.nc)
-    tasks = []
-    for b in range(min(spec.batch, 64)):
-        for j in range(nb):
-            nlen = min(t.nc, n - j * t.nc)
-            tasks.extend(block_cycles(min(t.mc, m - i * t.mc), nlen) for i in range(mb))
-    scale = spec.batch / min(spec.batch, 64)
+    batches = min(spec.batch, 64)
+    tasks = [block_cycles(min(t.mc, m - i * t.mc), min(t.nc, n - j * t.nc))
+             for _ in range(batches) for j in range(nb) for i in range(mb)]
     nt = t.bd
     chunk = _ceil(len(tasks), nt)
-    busiest = max(sum(tasks[i:i + chunk]) for i in range(0, len(tasks), chunk)) * scale
-    if len(tasks) < nt:
-        busiest = max(tasks) * scale
+    busiest = max(sum(tasks[i:i + chunk]) for i in range(0, len(tasks), chunk)) * spec.batch / batches
     us = busiest / (target.ghz * 1e3)
+    # operand streaming: B (as the kernel reads it) once per row block, A once per column block
+    b_batches = spec.batch if spec.b_strides[0] else 1
+    b_bytes = b_batches * _round_up(n, t.nr) * k * 4
+    elem = 4 if spec.dtype == "float32" else 2
+    traffic = b_bytes * mb + spec.batch * m * k * elem * nb + spec.batch * m * n * elem * (1 + spec.epilogue.count("add"))
+    gbps = 80.0 if b_bytes <= target.l2 * 0.5 * nt else 30.0
+    us = max(us, traffic / (gbps * 1e3 * min(nt, len(tasks))))
     if t.pack == "call":  # one more pass over B (transposing is slower), shared by the threads
         per_elem = 1.5 if spec.b_transposed else 0.6
-        packed = (spec.batch if spec.b_strides[0] else 1) * n * k
-        us += packed * per_elem / min(nt, max(1, _ceil(n, t.nr))) / (target.ghz * 1e3) + (1.0 if nt > 1 else 0)
+        us += b_batches * n * k * per_elem / min(nt, _ceil(n, t.nr)) / (target.ghz * 1e3) + (1.0 if nt > 1 else 0)
     if nt > 1:
         us += 4.0  # fork/join; more on a busy host, where small kernels must stay single-threaded
     return us
@@ -391,7 +391,7 @@ def _register_blocks(target: GemmTarget) -> list[tuple[int, int]]:
     """(MR, vectors per row) pairs whose accumulators, B vectors and a broadcast fit the registers."""
     blocks = []
     for r in (1, 2, 3, 4, 6, 8, 12, 14):
-        for w in (1, 2, 3, 4, 6, 8):
+        for w in (1, 2, 3, 4, 6):
             accs = r * w * (2 if r * w < 8 else 1)
             if accs + w + 1 <= target.registers and (r * w >= 4 or r == 1):
                 blocks.append((r, w))
