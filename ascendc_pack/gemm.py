@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -90,7 +89,8 @@ class GemmSpec:
 
     Strides are in elements, in logical order: ``a_strides`` = (batch, m, k) with k-stride 1
     (row-major A), ``b_strides`` = (batch, k, n) of B as the graph holds it: (0, N, 1) is a
-    [K, N] matrix, (0, 1, K) an nn.Linear weight [N, K]; batch stride 0 = one B for every batch.
+    [K, N] matrix, (0, 1, K) an nn.Linear weight [N, K] (any strides work: candidates that do not
+    pack B need n-stride 1); batch stride 0 = one B for every batch.
     ``b_constant``: B is a weight, so candidates may pack it once at load time. ``residual_strides``
     has one (batch, m, n) triple per ``add`` step (0 broadcasts). ``dtype`` is that of every input
     and of C; the kernel computes in float32 and rounds where eager's ops round."""
@@ -129,9 +129,8 @@ class GemmSpec:
         object.__setattr__(self, "a_strides", self._strides("a_strides", self.a_strides, (m * k, k, 1)))
         object.__setattr__(self, "b_strides", self._strides("b_strides", self.b_strides, (k * n, n, 1)))
         n_add = self.epilogue.count("add")
-        res = self.residual_strides
-        res = ((m * n, n, 1),) * n_add if res is None else tuple(self._strides("residual_strides", r, None)
-                                                               for r in res)
+        res = ((m * n, n, 1),) * n_add if self.residual_strides is None else \
+            tuple(self._strides("residual_strides", r, None) for r in self.residual_strides)
         if len(res) != n_add:
             raise GemmSpecError(f"GEMM {self.name}: {n_add} 'add' epilogue step(s) need as many residual "
                                 f"stride triples, got {len(res)}")
@@ -140,21 +139,16 @@ class GemmSpec:
             object.__setattr__(self, "a_strides", (0,) + self.a_strides[1:])
             object.__setattr__(self, "b_strides", (0,) + self.b_strides[1:])
         object.__setattr__(self, "residual_strides", res)
-        if self.a_strides[2] != 1:
+        if self.a_strides[2] != 1 and k > 1:
             raise GemmSpecError(f"GEMM {self.name}: A must be row-major (k-stride 1), got strides "
                                 f"{self.a_strides}; make A contiguous before the GEMM")
-        sb = self.b_strides
-        if sb[1] != 1 and sb[2] != 1:
-            raise GemmSpecError(f"GEMM {self.name}: B needs k-stride 1 ([N, K]) or n-stride 1 ([K, N]), "
-                                f"got strides {sb}; make B contiguous first")
-        if self.b_constant and sb[0] != 0 and self.batch > 1:
+        object.__setattr__(self, "a_strides", self.a_strides[:2] + (1,))
+        if self.b_constant and self.b_strides[0] != 0:
             raise GemmSpecError(f"GEMM {self.name}: a constant (packable) B must be shared by all "
-                                f"batches (batch stride 0), got strides {sb}")
+                                f"batches (batch stride 0), got strides {self.b_strides}")
 
     def _strides(self, what: str, value, default) -> Strides:
-        if value is None:
-            return default
-        value = tuple(value)
+        value = default if value is None else tuple(value)
         if len(value) != 3 or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in value):
             raise GemmSpecError(f"GEMM {self.name}: {what} must be 3 non-negative ints (batch, row, column "
                                 f"strides in elements), got {value!r}")
@@ -178,7 +172,7 @@ class GemmSpec:
 
     @property
     def b_transposed(self) -> bool:
-        """B is held as [N, K] (k-stride 1) rather than [K, N]."""
+        """B's rows are not contiguous (an [N, K] weight, or strided): it must be packed."""
         return self.b_strides[2] != 1
 
     @property
@@ -190,15 +184,12 @@ class GemmSpec:
         return 2 + int(self.bias) + len(self.residual_strides)
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["epilogue"] = list(self.epilogue)
-        return d
+        return {**asdict(self), "epilogue": list(self.epilogue)}
 
     @staticmethod
     def from_json(d: dict) -> GemmSpec:
-        d = dict(d)
-        d["residual_strides"] = tuple(tuple(r) for r in d.get("residual_strides") or ())
-        return GemmSpec(**{**d, "epilogue": tuple(d.get("epilogue", ()))})
+        return GemmSpec(**{**d, "epilogue": tuple(d.get("epilogue", ())),
+                           "residual_strides": tuple(tuple(r) for r in d.get("residual_strides") or ())})
 
     def spec_text(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
@@ -207,38 +198,26 @@ class GemmSpec:
 # ----------------------------------------------------------------------------- target
 
 
-def _sysfs_caches() -> dict[str, int]:
-    """{"L1d": bytes, "L2": ..., "L3": ...} of cpu0 from sysfs (empty where unavailable)."""
+def host_caches() -> dict[str, int]:
+    """Per-core {"L1d", "L2", "L3"} bytes: sysfs (cpu0), else ``lscpu -B -C``, else empty."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     out = {}
     for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
-            level, kind = (d / "level").read_text().strip(), (d / "type").read_text().strip()
-            size = _size_bytes((d / "size").read_text().strip())
-        except (OSError, ValueError):
+            level, kind, size = ((d / f).read_text().strip() for f in ("level", "type", "size"))
+            if kind in ("Data", "Unified"):
+                scale = units.get(size[-1], 1)
+                out["L1d" if level == "1" else f"L{level}"] = int(size[:-1] if scale > 1 else size) * scale
+        except (OSError, ValueError, KeyError):
             continue
-        if kind in ("Data", "Unified"):
-            out[f"L{level}" + ("d" if level == "1" else "")] = size
-    return out
-
-
-def _lscpu_caches() -> dict[str, int]:
-    """Per-instance cache sizes from ``lscpu -C`` (empty where unavailable)."""
+    if out:
+        return out
     try:
-        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True,
-                              timeout=10).stdout
+        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    out = {}
-    for line in text.splitlines()[1:]:
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in ("L1d", "L2", "L3") and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
-def _size_bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1:].upper() in units else int(text)
+    rows = (line.split() for line in text.splitlines()[1:])
+    return {r[0]: int(r[1]) for r in rows if len(r) == 2 and r[0] in ("L1d", "L2", "L3") and r[1].isdigit()}
 
 
 @dataclass(frozen=True)
@@ -259,7 +238,7 @@ class GemmTarget:
         """The host's caches (sysfs, else ``lscpu``, else defaults) and the vector width
         ``-march=<march>`` gives g++ (AVX-512: 16 floats and 32 registers, AVX: 8 and 16,
         NEON/SVE: 4 and 32, otherwise SSE: 4 and 16)."""
-        caches = caches if caches is not None else (_sysfs_caches() or _lscpu_caches())
+        caches = host_caches() if caches is None else caches
         feats = set(isa_features(march))
         if "avx512f" in feats:
             lanes, regs = 16, 32
@@ -520,6 +499,28 @@ def compile_gemms(specs: list[GemmSpec], config: BuildConfig, target: GemmTarget
 # ----------------------------------------------------------------------------- launch
 
 
+def _check(spec: GemmSpec, what: str, t, shape, strides) -> None:
+    dtype = DTYPES[spec.dtype][1]
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
+        got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise GemmSpecError(f"GEMM {spec.name}: {what} must be a CPU {dtype} tensor, got {got}")
+    if not same_layout(t.shape, t.stride(), shape, strides):
+        raise GemmSpecError(f"GEMM {spec.name}: {what} is {list(t.shape)} with strides {t.stride()}, "
+                            f"the kernel was generated for {list(shape)} with strides {list(strides)}")
+
+
+def logical_b(spec: GemmSpec, b: torch.Tensor) -> torch.Tensor:
+    """B as the logical [(batch,) K, N] view the spec's strides describe; ``b`` may be that view
+    or, for a transposed B, the tensor as held ([N, K], e.g. nn.Linear's weight)."""
+    st = spec.b_strides
+    shape, strides = ((spec.batch,), st[:1]) if st[0] else ((), ())
+    shape, strides = shape + (spec.k, spec.n), strides + st[1:]
+    if isinstance(b, torch.Tensor) and b.dim() >= 2 and not same_layout(b.shape, b.stride(), shape, strides):
+        b = b.transpose(-1, -2)  # given as held
+    _check(spec, "B (as [K, N])", b, shape, strides)
+    return b
+
+
 class _GemmInfo(ctypes.Structure):
     _fields_ = [("b_packed", ctypes.c_int32), ("nr", ctypes.c_int32), ("packed_b_bytes", ctypes.c_int64),
                 ("b_batches", ctypes.c_int64)]
@@ -529,9 +530,8 @@ class GemmKernel:
     """One compiled GEMM candidate on torch tensors: checks operands against the spec, packs a
     constant B once (:meth:`prepare_b`) when the candidate reads it packed, launches.
 
-    Operands are A [batch, M, K] (or [M, K] when batch is 1), B in the layout of the spec
-    (``[K, N]`` or, transposed, ``[N, K]``; with a batch dimension when its batch stride is not
-    0), bias [N], residuals viewable with the spec's strides."""
+    Operands are A [batch, M, K] (or [M, K] when batch is 1), B as :func:`logical_b` takes it,
+    bias [N], residuals that broadcast to [batch, M, N] with the spec's strides."""
 
     def __init__(self, spec: GemmSpec, so_path: str | os.PathLike, kernel_key: str | None = None):
         self.spec = spec
@@ -546,26 +546,9 @@ class GemmKernel:
         ws = self.lib.workspace
         self._workspace = torch.empty(ws, dtype=torch.uint8) if ws else None
 
-    def _check(self, what: str, t: torch.Tensor, shape, strides) -> None:
-        dtype = DTYPES[self.spec.dtype][1]
-        if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
-            got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise GemmSpecError(f"GEMM {self.spec.name}: {what} must be a CPU {dtype} tensor, got {got}")
-        if not same_layout(t.shape, t.stride(), shape, strides):
-            raise GemmSpecError(f"GEMM {self.spec.name}: {what} is {list(t.shape)} with strides {t.stride()}, "
-                                f"the kernel was generated for {list(shape)} with strides {list(strides)}")
-
-    def _b_shape(self):
-        s = self.spec
-        if s.b_transposed:
-            core, strides = (s.n, s.k), (s.b_strides[2], s.b_strides[1])
-        else:
-            core, strides = (s.k, s.n), (s.b_strides[1], s.b_strides[2])
-        return ((s.batch,) + core, (s.b_strides[0],) + strides) if s.b_strides[0] else (core, strides)
-
     def pack_b(self, b: torch.Tensor, max_threads: int = 0) -> torch.Tensor:
         """B packed into this candidate's panels (gemm_abi.h), as a float32 tensor."""
-        self._check("B", b, *self._b_shape())
+        b = logical_b(self.spec, b)
         packed = torch.empty(self.packed_b_bytes // 4, dtype=torch.float32)
         if self._pack(b.data_ptr(), packed.data_ptr(), max_threads) != 0:
             raise RuntimeError(f"GEMM {self.spec.name}: ap_gemm_pack_b failed")
@@ -579,18 +562,18 @@ class GemmKernel:
                  residuals=(), out: torch.Tensor | None = None, max_threads: int = 0) -> torch.Tensor:
         s = self.spec
         a_shape = (s.batch, s.m, s.k) if s.batch > 1 else (s.m, s.k)
-        self._check("A", a, a_shape, s.a_strides if s.batch > 1 else s.a_strides[1:])
+        _check(s, "A", a, a_shape, s.a_strides if s.batch > 1 else s.a_strides[1:])
         if self.b_packed:
-            if b.dtype != torch.float32 or b.numel() * 4 != self.packed_b_bytes or not b.is_contiguous():
+            if not isinstance(b, torch.Tensor) or b.dtype != torch.float32 or b.numel() * 4 != self.packed_b_bytes or not b.is_contiguous():
                 raise GemmSpecError(f"GEMM {s.name}: this candidate reads B packed; pass prepare_b(B) "
-                                    f"({self.packed_b_bytes // 4} float32), got {b.dtype}{list(b.shape)}")
+                                    f"({self.packed_b_bytes // 4} float32)")
         else:
-            self._check("B", b, *self._b_shape())
+            b = logical_b(s, b)
         ins = [a, b]
         if s.bias:
             if bias is None:
                 raise GemmSpecError(f"GEMM {s.name}: the kernel adds a bias [N]; pass bias=")
-            self._check("bias", bias, (s.n,), (1,))
+            _check(s, "bias", bias, (s.n,), (1,))
             ins.append(bias)
         if len(residuals) != len(s.residual_strides):
             raise GemmSpecError(f"GEMM {s.name}: the epilogue adds {len(s.residual_strides)} residual(s), "
@@ -601,12 +584,12 @@ class GemmKernel:
             except (RuntimeError, AttributeError):
                 raise GemmSpecError(f"GEMM {s.name}: residual {i} must broadcast to "
                                     f"[{s.batch}, {s.m}, {s.n}], got {getattr(r, 'shape', r)}") from None
-            self._check(f"residual {i}", view, (s.batch, s.m, s.n), st)
+            _check(s, f"residual {i}", view, (s.batch, s.m, s.n), st)
             ins.append(r)
         out_shape = (s.batch, s.m, s.n) if s.batch > 1 else (s.m, s.n)
         if out is None:
             out = torch.empty(out_shape, dtype=DTYPES[s.dtype][1])
-        self._check("out", out, out_shape, (s.m * s.n, s.n, 1)[-len(out_shape):])
+        _check(s, "out", out, out_shape, (s.m * s.n, s.n, 1)[-len(out_shape):])
         rc = self.lib.launch(ins, [out], self._workspace, max_threads)
         if rc != 0:
             raise RuntimeError(f"GEMM {s.name} ({self.lib.kernel_key}) failed with status {rc}")
@@ -614,14 +597,14 @@ class GemmKernel:
 
 
 def eager_reference(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, bias=None, residuals=()) -> torch.Tensor:
-    """What eager PyTorch computes for ``spec`` on the same operands (shapes as for
-    :class:`GemmKernel`): ``F.linear`` for a transposed shared B (a weight), else ``torch.matmul``
-    (+ bias), then the epilogue steps with torch's own ops."""
-    s = spec
+    """What eager PyTorch computes for ``spec`` on the same operands (as :class:`GemmKernel`
+    takes them): ``F.linear`` for a transposed shared B (a weight), else ``torch.matmul`` (+ bias),
+    then the epilogue steps with torch's own ops."""
+    s, kn = spec, logical_b(spec, b)
     if s.b_transposed and not s.b_strides[0]:
-        y = F.linear(a, b, bias)
+        y = F.linear(a, kn.transpose(-1, -2), bias)
     else:
-        y = torch.matmul(a, b.transpose(-1, -2) if s.b_transposed else b)
+        y = torch.matmul(a, kn)
         y = y + bias if bias is not None else y
     res = iter(residuals)
     for op in s.epilogue:
@@ -634,3 +617,27 @@ def eager_reference(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, bias=None,
         else:
             y = {"relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid}[op](y)
     return y
+
+
+def random_operands(spec: GemmSpec, seed: int = 0):
+    """(A, B as the logical [K, N] view, bias, residuals) with the spec's layouts, filled from
+    a seeded normal distribution (for tests and benchmarks)."""
+    g = torch.Generator().manual_seed(seed)
+    dt = DTYPES[spec.dtype][1]
+
+    def strided(shape, strides):
+        out = torch.empty_strided(shape, strides, dtype=dt)
+        return out.copy_(torch.randn(shape, generator=g).to(dt))
+
+    lead = ((spec.batch,), spec.a_strides[:1]) if spec.batch > 1 else ((), ())
+    a = strided(lead[0] + (spec.m, spec.k), lead[1] + spec.a_strides[1:])
+    blead = ((spec.batch,), spec.b_strides[:1]) if spec.b_strides[0] else ((), ())
+    b = strided(blead[0] + (spec.k, spec.n), blead[1] + spec.b_strides[1:])
+    bias = strided((spec.n,), (1,)) if spec.bias else None
+    residuals = []
+    for st in spec.residual_strides:  # the dims a stride-0 residual broadcasts over are 1
+        shape = [d if s else 1 for d, s in zip((spec.batch, spec.m, spec.n), st)]
+        while len(shape) > 1 and shape[0] == 1:
+            shape.pop(0)
+        residuals.append(torch.randn(shape, generator=g).to(dt))
+    return a, b, bias, residuals

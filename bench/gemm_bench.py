@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.gemm import GemmKernel, GemmSpec, compile_gemms, eager_reference  # noqa: E402
+from ascendc_pack.gemm import GemmKernel, GemmSpec, compile_gemms, eager_reference, random_operands  # noqa: E402
 
 # name -> (spec, what it is)
 SHAPES = {
@@ -59,17 +59,6 @@ SHAPES = {
 }
 _ONEDNN_ATTR = {(): ("none", None), ("relu",): ("relu", None), ("gelu",): ("gelu", "none"),
                 ("gelu_tanh",): ("gelu", "tanh"), ("silu",): ("swish", None), ("sigmoid",): ("sigmoid", None)}
-
-
-def operands(spec: GemmSpec):
-    g = torch.Generator().manual_seed(0)
-    lead = (spec.batch,) if spec.batch > 1 else ()
-    a = torch.randn(*lead, spec.m, spec.k, generator=g)
-    b_lead = lead if spec.b_strides[0] else ()
-    b = torch.randn(*b_lead, *((spec.n, spec.k) if spec.b_transposed else (spec.k, spec.n)), generator=g)
-    bias = torch.randn(spec.n, generator=g) if spec.bias else None
-    res = [torch.randn(*lead, spec.m, spec.n, generator=g) for _ in spec.residual_strides]
-    return a, b, bias, res
 
 
 def bound_launch(kernel: GemmKernel, args: list[torch.Tensor], out: torch.Tensor, max_threads: int):
@@ -114,7 +103,7 @@ def contenders(spec: GemmSpec, a, b, bias, res, threads: int, use_compile: bool)
     out = {"aten": eager}
     attr = _ONEDNN_ATTR.get(spec.epilogue)
     if spec.b_transposed and not spec.b_strides[0] and torch.backends.mkldnn.is_available():
-        wp = torch.ops.mkldnn._reorder_linear_weight(b, spec.m * spec.batch)
+        wp = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), spec.m * spec.batch)
         if attr is not None:
             out["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(a, wp, bias, attr[0], [], attr[1])
         elif spec.epilogue == ("add",):
@@ -126,7 +115,7 @@ def contenders(spec: GemmSpec, a, b, bias, res, threads: int, use_compile: bool)
 
 
 def bench_shape(spec: GemmSpec, config: BuildConfig, rounds: int, threads: int, use_compile: bool) -> dict:
-    a, b, bias, res = operands(spec)
+    a, b, bias, res = random_operands(spec)
     ref = eager_reference(spec, a, b, bias, res)
     [build] = compile_gemms([spec], config)
     fns, kernels, pack_ms = {}, {}, {}
