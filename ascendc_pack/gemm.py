@@ -348,8 +348,10 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     tasks = [block_cycles(min(t.mc, m - i * t.mc), min(t.nc, n - j * t.nc))
              for _ in range(batches) for j in range(nb) for i in range(mb)]
     nt = t.bd
-    chunk = _ceil(len(tasks), nt)
-    busiest = max(sum(tasks[i:i + chunk]) for i in range(0, len(tasks), chunk)) * spec.batch / batches
+    loads = [0.0] * nt
+    for task in tasks:  # schedule(dynamic): the next block goes to the first thread free
+        loads[loads.index(min(loads))] += task
+    busiest = max(loads) * spec.batch / batches
     us = busiest / (target.ghz * 1e3)
     # operand streaming: B (as the kernel reads it) once per row block, A once per column block
     b_batches = spec.batch if spec.b_strides[0] else 1
@@ -398,10 +400,9 @@ def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
             nc_full = min(_round_up(n, nr), max(nr, int(target.l2 * 0.5 / (kc * 4)) // nr * nr))
             for bd in bds:
                 blocks = {(mc_full, nc_full)}
-                if bd > 1:  # enough tasks for the threads: split N, or split M
-                    blocks.add((mc_full, max(nr, _round_up(_ceil(n, bd * 2), nr))))
-                    blocks.add((mc_full, max(nr, _round_up(_ceil(n, bd), nr))))
-                    blocks.add((max(r, _round_up(_ceil(m, bd), r)), nc_full))
+                for split in ((bd, bd * 2) if bd > 1 else ()):  # enough tasks for the threads
+                    blocks.add((mc_full, max(nr, _round_up(_ceil(n, split), nr))))
+                    blocks.add((max(r, _round_up(_ceil(m, split), r)), nc_full))
                 for mc, nc in blocks:
                     for pack in packs:
                         out.append(GemmTiling(r, nr, vec, mc, nc, kc, bd, pack))
