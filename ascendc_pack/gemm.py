@@ -527,70 +527,73 @@ class _GemmInfo(ctypes.Structure):
                 ("b_batches", ctypes.c_int64)]
 
 
+@dataclass(frozen=True)
+class PackedB:
+    """A B packed by :meth:`GemmKernel.pack_b`: valid for candidates of the same GEMM and NR."""
+
+    data: torch.Tensor
+    gemm: str
+    nr: int
+
+
 class GemmKernel:
     """One compiled GEMM candidate on torch tensors: checks operands against the spec, packs a
-    constant B once (:meth:`prepare_b`) when the candidate reads it packed, launches.
+    constant B once (:meth:`prepare_b`) when the candidate reads it packed, launches. Not
+    thread-safe: concurrent calls would share the workspace.
 
-    Operands are A [batch, M, K] (or [M, K] when batch is 1), B as :func:`logical_b` takes it,
-    bias [N], residuals that broadcast to [batch, M, N] with the spec's strides."""
+    Operands are A [batch, M, K] (or [M, K] when batch is 1), B as :func:`logical_b` takes it
+    (or its :class:`PackedB`), bias [N], residuals broadcasting to [batch, M, N] with the spec's
+    strides."""
 
     def __init__(self, spec: GemmSpec, so_path: str | os.PathLike, kernel_key: str | None = None):
         self.spec = spec
         self.lib = KernelLibrary(so_path, kernel_key)
         cdll = ctypes.CDLL(str(so_path), mode=getattr(ctypes, "RTLD_LOCAL", 0))  # the same handle
-        describe = cdll.ap_gemm_describe
-        describe.restype = ctypes.POINTER(_GemmInfo)
-        info = describe().contents
-        self.b_packed, self.packed_b_bytes = bool(info.b_packed), int(info.packed_b_bytes)
+        cdll.ap_gemm_describe.restype = ctypes.POINTER(_GemmInfo)
+        info = cdll.ap_gemm_describe().contents
+        self.b_packed, self.nr, self.packed_b_bytes = bool(info.b_packed), int(info.nr), int(info.packed_b_bytes)
         self._pack = cdll.ap_gemm_pack_b
         self._pack.restype, self._pack.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
-        ws = self.lib.workspace
-        self._workspace = torch.empty(ws, dtype=torch.uint8) if ws else None
+        self._workspace = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
 
-    def pack_b(self, b: torch.Tensor, max_threads: int = 0) -> torch.Tensor:
-        """B packed into this candidate's panels (gemm_abi.h), as a float32 tensor."""
+    def pack_b(self, b: torch.Tensor, max_threads: int = 0) -> PackedB:
+        """B packed into this candidate's NR-wide panels (layout in gemm_abi.h)."""
         b = logical_b(self.spec, b)
         packed = torch.empty(self.packed_b_bytes // 4, dtype=torch.float32)
         if self._pack(b.data_ptr(), packed.data_ptr(), max_threads) != 0:
             raise RuntimeError(f"GEMM {self.spec.name}: ap_gemm_pack_b failed")
-        return packed
+        return PackedB(packed, self.spec.name, self.nr)
 
-    def prepare_b(self, b: torch.Tensor) -> torch.Tensor:
-        """What to pass as B on every call: the packed weight (packed now, once) or B itself."""
+    def prepare_b(self, b: torch.Tensor) -> torch.Tensor | PackedB:
+        """What to pass as B on every call: B packed (now, once) if the candidate reads it packed."""
         return self.pack_b(b) if self.b_packed else b
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+    def __call__(self, a: torch.Tensor, b: torch.Tensor | PackedB, bias: torch.Tensor | None = None,
                  residuals=(), out: torch.Tensor | None = None, max_threads: int = 0) -> torch.Tensor:
         s = self.spec
-        a_shape = (s.batch, s.m, s.k) if s.batch > 1 else (s.m, s.k)
-        _check(s, "A", a, a_shape, s.a_strides if s.batch > 1 else s.a_strides[1:])
-        if self.b_packed:
-            if not isinstance(b, torch.Tensor) or b.dtype != torch.float32 or b.numel() * 4 != self.packed_b_bytes or not b.is_contiguous():
-                raise GemmSpecError(f"GEMM {s.name}: this candidate reads B packed; pass prepare_b(B) "
-                                    f"({self.packed_b_bytes // 4} float32)")
-        else:
-            b = logical_b(s, b)
-        ins = [a, b]
+        lead = ((s.batch,), s.a_strides[:1]) if s.batch > 1 else ((), ())
+        _check(s, "A", a, lead[0] + (s.m, s.k), lead[1] + s.a_strides[1:])
+        if self.b_packed != isinstance(b, PackedB) or (self.b_packed and (b.gemm, b.nr) != (s.name, self.nr)):
+            raise GemmSpecError(f"GEMM {s.name}: this candidate reads B " + (
+                f"packed with NR={self.nr}; pass prepare_b(B) of a candidate with that NR" if self.b_packed
+                else "as given, not packed"))
+        ins = [a, b.data if self.b_packed else logical_b(s, b)]
         if s.bias:
-            if bias is None:
-                raise GemmSpecError(f"GEMM {s.name}: the kernel adds a bias [N]; pass bias=")
-            _check(s, "bias", bias, (s.n,), (1,))
+            _check(s, "bias (the kernel adds one)", bias, (s.n,), (1,))
             ins.append(bias)
         if len(residuals) != len(s.residual_strides):
             raise GemmSpecError(f"GEMM {s.name}: the epilogue adds {len(s.residual_strides)} residual(s), "
                                 f"got {len(residuals)}")
+        full = (s.batch, s.m, s.n)
         for i, (r, st) in enumerate(zip(residuals, s.residual_strides)):
             try:
-                view = r.expand((s.batch, s.m, s.n))
+                _check(s, f"residual {i}", r.expand(full), full, st)
             except (RuntimeError, AttributeError):
-                raise GemmSpecError(f"GEMM {s.name}: residual {i} must broadcast to "
-                                    f"[{s.batch}, {s.m}, {s.n}], got {getattr(r, 'shape', r)}") from None
-            _check(s, f"residual {i}", view, (s.batch, s.m, s.n), st)
+                raise GemmSpecError(f"GEMM {s.name}: residual {i} must broadcast to {list(full)}") from None
             ins.append(r)
-        out_shape = (s.batch, s.m, s.n) if s.batch > 1 else (s.m, s.n)
-        if out is None:
-            out = torch.empty(out_shape, dtype=DTYPES[s.dtype][1])
-        _check(s, "out", out, out_shape, (s.m * s.n, s.n, 1)[-len(out_shape):])
+        oshape, ostride = (full, (s.m * s.n, s.n, 1)) if s.batch > 1 else (full[1:], (s.n, 1))
+        out = torch.empty(oshape, dtype=DTYPES[s.dtype][1]) if out is None else out
+        _check(s, "out", out, oshape, ostride)
         rc = self.lib.launch(ins, [out], self._workspace, max_threads)
         if rc != 0:
             raise RuntimeError(f"GEMM {s.name} ({self.lib.kernel_key}) failed with status {rc}")

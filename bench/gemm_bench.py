@@ -109,6 +109,7 @@ def contenders(spec: GemmSpec, a, b, bias, res, threads: int, use_compile: bool)
         elif spec.epilogue == ("add",):
             out["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise.binary(a, res[0], wp, bias, "add")
     if use_compile:
+        torch._dynamo.reset()  # one compile per shape (the lambda's code object is shared)
         compiled = torch.compile(lambda a, b, bias, res: eager_reference(spec, a, b, bias, res))
         out["compile"] = lambda: compiled(a, b, bias, res)
     return out
@@ -127,7 +128,7 @@ def bench_shape(spec: GemmSpec, config: BuildConfig, rounds: int, threads: int, 
         t0 = time.perf_counter()
         b_in = kernel.prepare_b(b)
         pack_ms[i] = (time.perf_counter() - t0) * 1e3
-        args = [a, b_in] + ([bias] if spec.bias else []) + list(res)
+        args = [a, getattr(b_in, "data", b_in)] + ([bias] if spec.bias else []) + list(res)
         out = torch.empty_like(ref)
         kernel(a, b_in, bias, res, out=out, max_threads=threads)
         torch.testing.assert_close(out, ref, atol=1e-4 * max(1, spec.k / 256), rtol=1e-4)

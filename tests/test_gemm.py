@@ -130,7 +130,7 @@ def test_packed_layout_is_the_documented_one(builds):
     _, b, _, _ = random_operands(spec)
     for gc, cc in zip(builds[spec.name].candidates, builds[spec.name].compiled.candidates):
         nr = gc.tiling.nr
-        packed = GemmKernel(spec, cc.so_path).pack_b(b)
+        packed = GemmKernel(spec, cc.so_path).pack_b(b).data
         panels = math.ceil(spec.n / nr)
         want = torch.zeros(spec.k, panels * nr)
         want[:, :spec.n] = b
@@ -225,19 +225,25 @@ def test_bad_operands_get_typed_errors_not_crashes(builds):
         kernel(a[:, :100], b_in, bias, res)
     with pytest.raises(GemmSpecError, match="float32 tensor"):
         kernel(a.double(), b_in, bias, res)
-    with pytest.raises(GemmSpecError, match="pass bias="):
+    with pytest.raises(GemmSpecError, match="bias .the kernel adds one. must be"):
         kernel(a, b_in, None, res)
     with pytest.raises(GemmSpecError, match="residual"):
         kernel(a, b_in, bias, [])
     with pytest.raises(GemmSpecError, match="residual 0 must broadcast"):
         kernel(a, b_in, bias, [torch.zeros(3, 3)])
-    if kernel.b_packed:
-        with pytest.raises(GemmSpecError, match="reads B packed"):
-            kernel(a, b, bias, res)
+    with pytest.raises(GemmSpecError, match="reads B packed with NR" if kernel.b_packed else "not packed"):
+        kernel(a, b if kernel.b_packed else kernel.pack_b(b), bias, res)
+    other = next((GemmKernel(spec, c.so_path) for g, c in zip(build.candidates, build.compiled.candidates)
+                  if g.tiling.nr != kernel.nr), None)
+    if kernel.b_packed and other is not None:  # a B packed for another panel width is refused
+        with pytest.raises(GemmSpecError, match="reads B packed with NR"):
+            kernel(a, other.pack_b(b), bias, res)
     with pytest.raises(GemmSpecError, match=r"B \(as \[K, N\]\) is"):
         kernel.pack_b(b[:-1])
     with pytest.raises(GemmSpecError, match="reads B packed" if kernel.b_packed else "must be a CPU"):
         kernel(a, "b", bias, res)
+    with pytest.raises(GemmSpecError, match="out is"):
+        kernel(a, b_in, bias, res, out=torch.empty(3, 3))
 
 
 def test_spec_round_trips_through_json():
