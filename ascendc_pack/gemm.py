@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ascendc_pack_runtime.kernels import KernelLibrary
 from ascendc_pack_runtime.tensor_meta import same_layout
 
-from .cache import check_component
+from .cache import check_component, stable_hash
 from .candidate import Candidate
 from .codegen import template_env
 from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
@@ -68,13 +68,9 @@ class GemmSpecError(PackError, ValueError):
 
 
 def _template_version() -> str:
-    import hashlib
-
+    """Changes whenever the template or this generator changes (cached kernels are not reused)."""
     env = template_env()
-    source, _, _ = env.loader.get_source(env, TEMPLATE_NAME)
-    h = hashlib.sha256(source.encode())
-    h.update(Path(__file__).read_bytes())
-    return "gemm-v1-" + h.hexdigest()[:16]
+    return "gemm-v1-" + stable_hash(env.loader.get_source(env, TEMPLATE_NAME)[0], Path(__file__).read_bytes())[:16]
 
 
 # ----------------------------------------------------------------------------- spec
@@ -329,13 +325,18 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     and the fork/join of a parallel region."""
     m, n, k, vec = spec.m, spec.n, spec.k, t.lanes
     epi = 2 + sum(_EPI_CYCLES[o] for o in spec.epilogue) + (6 if spec.dtype != "float32" else 0)
-    factor = 1.0  # cache fit: the KC x NR panel in L1, the MC x KC block of A in L2
-    if t.kc * t.nr * 4 > target.l1d * 0.6:
-        factor *= 1.25
+    factor = 1.0  # cache fit: the KC x NR panel about in L1, the MC x KC block of A in L2
+    if t.kc * t.nr * 4 > target.l1d * 2:
+        factor *= 1.15
     if t.mc * t.kc * (4 if spec.dtype == "float32" else 2) > target.l2 * 0.6:
         factor *= 1.15
     if t.pack == "none" and k > 32:
         factor *= 1.1 if (spec.b_strides[1] * 4) % 4096 else 1.3  # rows of B in L1 sets / pages
+
+    # a panel reused across row blocks but not held by L1 streams from L2: one FMA per loaded
+    # vector (MR=1) cannot keep up (6x slower, measured), two barely
+    spill = t.kc * t.nr * 4 > target.l1d * 0.75 and m > t.mr
+    factor *= {1: 6.0, 2: 1.1}.get(t.mr, 1.0) if spill else 1.0
 
     def block_cycles(mlen: int, nlen: int) -> float:
         rows = [(t.mr, mlen // t.mr)] + ([(mlen % t.mr, 1)] if mlen % t.mr else [])
@@ -390,10 +391,9 @@ def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
         nr = w * vec
         if (r > m and r > 1) or (w > 1 and (w - 1) * vec >= n):
             continue  # a block that only ever runs as a tail, or a vector that is always empty
-        kc_cache = max(32, int(target.l1d * 0.5 / (nr * 4)) // 16 * 16)
-        kcs = {k if k <= kc_cache * 1.5 else kc_cache}
-        if k > kc_cache * 1.5 and k <= 4 * kc_cache:
-            kcs.add(_round_up(_ceil(k, _ceil(k, 2 * kc_cache)), 16))
+        kcs = set()  # the KC x NR panel in half of L1, or about all of it
+        for kc_cache in {max(32, int(target.l1d * f / (nr * 4)) // 16 * 16) for f in (0.5, 1.0)}:
+            kcs.add(k if k <= kc_cache * 1.5 else kc_cache)
         for kc in kcs:
             mc_cache = max(r, int(target.l2 * 0.5 / (kc * 4)) // r * r)
             mc_full = min(mc_cache, _round_up(m, r))
@@ -434,17 +434,13 @@ def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
 
 
 def _epilogue_lines(spec: GemmSpec) -> list[str]:
-    rnd = spec.dtype != "float32"
-    lines = ["v += to_f32(g.bias[n]);"] if spec.bias else []
-    lines += ["v = rnd(v);"] if rnd else []
-    res = 0
-    for op in spec.epilogue:
-        if op == "add":
-            lines.append(f"v += to_f32(g.res{res}[bb * SR{res}_B + m * SR{res}_M + n * SR{res}_N]);")
-            res += 1
-        else:
-            lines.append(_EPILOGUE_C[op])
-        lines += ["v = rnd(v);"] if rnd else []
+    """C statements on `v` after the GEMM: bias, the steps, a rounding after each for 16-bit."""
+    rnd = ["v = rnd(v);"] if spec.dtype != "float32" else []
+    lines = (["v += to_f32(g.bias[n]);"] if spec.bias else []) + rnd
+    for j, op in enumerate(spec.epilogue):
+        i = spec.epilogue[:j].count("add")  # the residual input an add reads
+        lines += [_EPILOGUE_C[op] if op != "add" else
+                  f"v += to_f32(g.res{i}[bb * SR{i}_B + m * SR{i}_M + n * SR{i}_N]);"] + rnd
     return lines
 
 

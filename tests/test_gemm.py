@@ -34,7 +34,7 @@ CASES = [
     GemmSpec.linear("tiny_nk", 3, 5, 7, epilogue=("relu",)),
     GemmSpec.matmul("tiny_kn", 3, 5, 7),
     GemmSpec.linear("tails_nk", 37, 61, 29, epilogue=("gelu",)),
-    GemmSpec("tails_kn_const", 37, 61, 29, b_constant=True, epilogue=("silu", "add")),
+    GemmSpec("tails_kn_const", 37, 61, 29, b_constant=True, epilogue=("add", "silu", "add")),
     GemmSpec.linear("skinny_nk", 1, 203, 77, epilogue=("gelu_tanh",)),
     GemmSpec.matmul("skinny_kn", 1, 203, 77, epilogue=("sigmoid",)),
     GemmSpec.linear("square_nk", 256, 256, 256, epilogue=("add",)),
