@@ -2,7 +2,7 @@
 """Generated GEMM kernels vs torch's GEMMs on shapes from real models.
 
     .venv/bin/python bench/gemm_bench.py [--topn 10] [--rounds 15] [--threads N] [--no-compile]
-                                         [--shapes bert_qkv,resnet18_fc,...]
+                                         [--clock wall|cpu] [--shapes bert_qkv,resnet18_fc,...]
 
 Per shape: the GEMM's candidates are compiled (``ascendc_pack.gemm``) and timed on the real
 operands in interleaved rounds (a small PGO: the median picks the winner; a weight the winner
@@ -18,8 +18,10 @@ table prints medians:
 * ``compile``: ``torch.compile`` of the eager function (default mode).
 
 Every contender's output is checked against eager first. Load matters on a shared machine: the
-script prints ``os.getloadavg()`` before and after; numbers taken under load are noisy (multi-
-threaded contenders wait for descheduled threads at their barriers).
+script prints ``os.getloadavg()`` before and after; wall-clock numbers taken under load are noisy
+(multi-threaded contenders wait for descheduled threads at their barriers). ``--threads 1
+--clock cpu`` times the calling thread's CPU time instead, which other processes barely move
+(every contender then runs in the calling thread).
 """
 
 from __future__ import annotations
@@ -76,11 +78,14 @@ def bound_launch(kernel: GemmKernel, args: list[torch.Tensor], out: torch.Tensor
     return launch
 
 
+CLOCK = time.perf_counter  # --clock cpu: time.thread_time (1 thread only: CPU time of this thread)
+
+
 def per_call_us(fn, calls: int) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return (CLOCK() - t0) / calls * 1e6
 
 
 def interleaved(fns: dict, rounds: int, budget_us: float = 3e4) -> dict[str, float]:
@@ -153,12 +158,19 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to build)")
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: this thread's CPU time, robust against other load (needs --threads 1)")
     args = p.parse_args(argv)
     threads = args.threads or torch.get_num_threads()
+    if args.clock == "cpu":
+        if threads != 1:
+            p.error("--clock cpu measures the calling thread only: use it with --threads 1")
+        global CLOCK
+        CLOCK = time.thread_time
     torch.set_num_threads(threads)
     cache = args.cache_dir or os.path.join(tempfile.gettempdir(), "ascendc_pack_gemm_bench")
     config = BuildConfig(topn=args.topn, cache_dir=cache, cores=threads)
-    print(f"# GEMM benchmark: {threads} thread(s), torch {torch.__version__}, OMP_WAIT_POLICY="
+    print(f"# GEMM benchmark: {threads} thread(s), {args.clock} clock, torch {torch.__version__}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}, load before {os.getloadavg()[0]:.2f}")
     rows = []
     for name in args.shapes.split(","):
