@@ -209,7 +209,8 @@ def host_caches() -> dict[str, int]:
     if out:
         return out
     try:
-        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True, timeout=10).stdout
+        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True,
+                              timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     rows = (line.split() for line in text.splitlines()[1:])
@@ -358,7 +359,8 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     b_batches = spec.batch if spec.b_strides[0] else 1
     b_bytes = b_batches * _round_up(n, t.nr) * k * 4
     elem = 4 if spec.dtype == "float32" else 2
-    traffic = b_bytes * mb + spec.batch * m * k * elem * nb + spec.batch * m * n * elem * (1 + spec.epilogue.count("add"))
+    c_bytes = spec.batch * m * n * elem * (1 + spec.epilogue.count("add"))
+    traffic = b_bytes * mb + spec.batch * m * k * elem * nb + c_bytes
     gbps = 80.0 if b_bytes <= target.l2 * 0.5 * nt else 30.0
     us = max(us, traffic / (gbps * 1e3 * min(nt, len(tasks))))
     if t.pack == "call":  # one more pass over B (transposing is slower), shared by the threads

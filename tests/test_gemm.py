@@ -59,7 +59,8 @@ def gemm_tolerance(spec: GemmSpec) -> float:
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, spec: GemmSpec, what: str):
     tol = gemm_tolerance(spec)
-    assert out.dtype == ref.dtype and out.shape == ref.shape, f"{what}: {out.dtype}{list(out.shape)} vs {ref.dtype}{list(ref.shape)}"
+    assert out.dtype == ref.dtype and out.shape == ref.shape, \
+        f"{what}: {out.dtype}{list(out.shape)} vs {ref.dtype}{list(ref.shape)}"
     ok = torch.isclose(out.double(), ref.double(), atol=tol, rtol=tol, equal_nan=True)
     if not bool(ok.all()):
         idx = tuple((~ok).nonzero()[0].tolist())
@@ -165,7 +166,8 @@ def test_candidates_are_ranked_distinct_and_keyed_like_torch_npu():
     assert [c.est_us for c in cands] == sorted(c.est_us for c in cands)
     for c in cands:
         t, cand = c.tiling, c.candidate
-        assert cand.kernel_key == hashlib.md5(f"{cand.tiling_repr}|{cand.workspace}|{cand.block_dim}".encode()).hexdigest()
+        text = f"{cand.tiling_repr}|{cand.workspace}|{cand.block_dim}"
+        assert cand.kernel_key == hashlib.md5(text.encode()).hexdigest()
         assert cand.block_dim == t.bd <= 2 and t.nr % t.lanes == 0 and t.mc % t.mr == 0 and t.nc % t.nr == 0
         assert (cand.workspace > 0) == (t.pack == "call")
     assert {c.tiling.pack for c in cands} == {"call", "load"}  # a transposed weight is never read in place
