@@ -45,6 +45,8 @@ CASES = [
     GemmSpec.matmul("bmm_nk", 37, 61, 29, batch=3, transpose_b=True, epilogue=("sigmoid",)),
     GemmSpec.linear("linear3d", 20, 33, 48, batch=2, epilogue=("add",), residual_strides=((0, 0, 1),)),
     GemmSpec("strided_b", 37, 61, 29, b_strides=(0, 130, 2), epilogue=("relu",)),  # B = X[:, ::2]
+    GemmSpec.matmul("k1_nk", 5, 17, 1, transpose_b=True, epilogue=("relu",)),  # K = 1
+    GemmSpec.matmul("n1", 300, 1, 3),  # N = 1: one partial vector
     # 16-bit inputs compute in float32 and round where eager rounds
     GemmSpec.linear("tails_bf16", 37, 61, 29, dtype="bfloat16", epilogue=("gelu",)),
     GemmSpec.matmul("bmm_fp16", 37, 61, 29, batch=2, dtype="float16", epilogue=("add",)),
