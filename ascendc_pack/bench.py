@@ -74,9 +74,11 @@ def interleaved_medians(contenders: dict, rounds: int = 15, target_us: float = 2
 
 
 def _kernel_bytes(spec) -> int:
+    """Unique bytes a kernel moves; ``spec`` is a KernelSpec or its JSON (from a build worker)."""
+    from .fusion_ir import KernelSpec
     from .tiling import kernel_bytes
 
-    return kernel_bytes(spec)
+    return kernel_bytes(spec if isinstance(spec, KernelSpec) else KernelSpec.from_json(spec))
 
 
 def _compiled_reference(step):

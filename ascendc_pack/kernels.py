@@ -84,6 +84,16 @@ def write_benchmark_script(kc: KernelCandidates, debug_root=None) -> Path:
     return path
 
 
+def kernel_uses(program: Program) -> dict[str, list[dict]]:
+    """Every use of every fused kernel, by kernel name, in program order (branches included):
+    the value names each use reads and writes. Steps computing the same share one kernel (one
+    name), so a kernel can have many uses."""
+    uses: dict[str, list[dict]] = {}
+    for s in program.fused_steps():
+        uses.setdefault(s.name, []).append({"inputs": list(s.inputs), "outputs": list(s.outputs)})
+    return uses
+
+
 def total_candidates(program: Program, config: BuildConfig) -> int:
     """How many candidates :func:`prepare_kernels` will compile (for a progress bar)."""
     target = target_for(config)

@@ -371,5 +371,7 @@ def dump(mp: ModelProgram) -> str:
         head.append("  mutates: " + ", ".join(f"%{i} <- %{o}" for i, o in mp.mutations.items()))
     fused = mp.program.fused_steps()
     n_steps = sum(1 for _ in mp.program.walk())
-    head.append(f"  steps:   {n_steps} ({len(fused)} fused kernels)")
+    distinct = len({s.name for s in fused})  # steps computing the same share a kernel
+    shared = f", {distinct} distinct" if distinct != len(fused) else ""
+    head.append(f"  steps:   {n_steps} ({len(fused)} fused kernels{shared})")
     return "\n".join(head + ["program:"] + dump_program(mp.program)) + "\n"
