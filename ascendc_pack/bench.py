@@ -73,10 +73,12 @@ def interleaved_medians(contenders: dict, rounds: int = 15, target_us: float = 2
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def _kernel_bytes(spec: dict) -> int:
-    from .tiling import _bytes
+def _kernel_bytes(spec) -> int:
+    """Unique bytes a kernel moves; ``spec`` is a KernelSpec or its JSON (from a build worker)."""
+    from .fusion_ir import KernelSpec
+    from .tiling import kernel_bytes
 
-    return _bytes(spec)
+    return kernel_bytes(spec if isinstance(spec, KernelSpec) else KernelSpec.from_json(spec))
 
 
 def _compiled_reference(step):
@@ -92,10 +94,10 @@ def _compiled_reference(step):
 def bench_kernels(examples: list[str], topn: int, cache_dir: str | None, rounds: int) -> str:
     from .config import BuildConfig
     from .executor import run_model, run_reference_fused
-    from .kernels import prepare_kernels
+    from .kernels import FusedKernel, prepare_kernels
     from .fuse import fuse
     from .pipeline import capture_file
-    from ascendc_pack_runtime.kernels import FusedKernel, KernelLibrary
+    from ascendc_pack_runtime.kernels import KernelLibrary
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir)
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; median us over {rounds} "
@@ -222,7 +224,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1) -> d
         result = build_file(model_file, topn=n, output=path, cache_dir=str(out / f"cache-topn{n}"))
         seconds = time.perf_counter() - t0
         extra["stages"] = dict(result.seconds)
-        extra["kernels"] = {name: {"spec": ch.spec, **ch.to_json()} for name, ch in result.choices.items()}
+        extra["kernels"] = {name: {"spec": ch.spec.to_json(), **ch.to_json()} for name, ch in result.choices.items()}
     else:
         raise ValueError(f"unknown artifact kind {kind!r}")
     return {"artifact": str(path), "size": _file_size(path), "build_s": seconds, **extra}
