@@ -7,7 +7,7 @@ loads bundles is the separate package ``ascendc_pack_runtime``.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ascendc_pack_runtime.constants import VERSION as __version__  # one version for both packages
 
 from .capture import Captured, capture  # noqa: E402
 from .errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402

@@ -18,7 +18,7 @@ import zstandard
 
 import ascendc_pack_runtime as rt
 from ascendc_pack.config import BuildConfig
-from ascendc_pack_runtime.bundle import host_cpu_flags
+from ascendc_pack_runtime.host import host_cpu_flags
 
 from . import bundle_fixtures
 from .bundle_fixtures import BuiltExample, build_model_file, build_root
@@ -326,7 +326,8 @@ def corpus(valid: Path) -> list[Case]:
     def garbage_kernel(p):
         p.member(kfile)[1] = b"\x7fELF but not really"
     add("kernel_so_garbage", edited(garbage_kernel, resign=True), rt.GraphLoadError, before_load=False)
-    add("kernel_key_mismatch", edited(lambda p: p.manifest["kernels"][0].update(kernel_key="0" * 32)),
+    # consistent manifest (kernel_key is still md5 of its tiling), another kernel than graph.so's
+    add("kernel_name_mismatch", edited(lambda p: p.manifest["kernels"][0].update(name="fused_other")),
         rt.KernelMismatchError, before_load=False)
     add("io_count_mismatch", edited(lambda p: p.manifest["outputs"].append(
         {"name": "extra", "shape": [1], "dtype": "float32"})), rt.KernelMismatchError, before_load=False)

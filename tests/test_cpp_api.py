@@ -86,7 +86,7 @@ def test_cpp_api_refusals(binary, inplace, tmp_path):
     manifest = b.report.manifest
 
     # 1. a host without the bundle's ISA features: refused before dlopen, naming the field
-    proc = _run(binary, directory, env={"ASCENDC_PACK_RUNTIME_TEST_CPU_FLAGS": "sse sse2"})
+    proc = _run(binary, directory, "--host-cpu-flags", "sse sse2")
     if manifest["target"]["isa"] and set(manifest["target"]["isa"]) - {"sse", "sse2"}:
         assert proc.returncode == 2 and "target.isa" in proc.stderr and "--march" in proc.stderr, proc.stderr
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from .constants import KERNEL_ABI_VERSION
 from .tensor_meta import DTYPES, same_layout
 
-KERNEL_ABI_VERSION = 1
 
 class KernelLoadError(RuntimeError):
     """A kernel library is missing, lacks the ABI, or is not the file that was promised."""
