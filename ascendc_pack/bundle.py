@@ -17,6 +17,7 @@ The bundle is written to a temporary file next to ``output`` and renamed into pl
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import io
@@ -162,20 +163,28 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
-def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
+@contextlib.contextmanager
+def archive_writer(dest: Path, level: int = ZSTD_LEVEL):
+    """Write an ``.ascpack`` container to ``dest``: yields ``add(name, size, fileobj)``, called
+    in member order (``manifest.json`` first). One zstd frame with a content checksum (the
+    runtime detects any corruption of the stream, DESIGN 4.8), normalized tar headers."""
     import zstandard
 
-    # the content checksum lets the runtime detect any corruption of the stream (DESIGN 4.8)
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
     with open(dest, "wb") as f:
         with cctx.stream_writer(f, closefd=False) as zw:
             with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                tar.addfile(_tarinfo(MANIFEST_NAME, len(manifest_bytes)), io.BytesIO(manifest_bytes))
-                for name, path in files:
-                    with open(path, "rb") as src:
-                        tar.addfile(_tarinfo(name, path.stat().st_size), src)
+                yield lambda name, size, fileobj: tar.addfile(_tarinfo(name, size), fileobj)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
+    with archive_writer(dest, level) as add:
+        add(MANIFEST_NAME, len(manifest_bytes), io.BytesIO(manifest_bytes))
+        for name, path in files:
+            with open(path, "rb") as src:
+                add(name, path.stat().st_size, src)
 
 
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],

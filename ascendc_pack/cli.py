@@ -9,6 +9,7 @@ import time
 import click
 
 from . import __version__
+from .cli_trust import register as register_trust_commands, sign_built_bundle
 from .errors import PackError
 
 
@@ -66,7 +67,8 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
 @click.option("--jobs", default=None, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
+@click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
+def build(model_file, topn, output, cores, cache_dir, jobs, march, debug, sign_key):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle."""
     from .pipeline import build_file
 
@@ -82,6 +84,7 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
     size = result.output.stat().st_size
     click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
                f"{result.kernels_compiled} candidate compiles, {result.kernels_profiled} kernels profiled")
+    sign_built_bundle(result.output, sign_key)
 
 
 @main.command()
@@ -201,13 +204,14 @@ def inspect(bundle: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
-def verify(bundle: str) -> None:
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Require a signature by this public key (ed25519:<hex> or a .pub file; repeatable; default $ASCENDC_PACK_RUNTIME_TRUSTED_KEYS).")
+def verify(bundle: str, trusted_keys: tuple[str, ...]) -> None:
     """Run every load-time check on BUNDLE without loading it: zstd frame and checksum, member
     list, sizes, sha256, safe names and types, size caps, manifest fields, and this host's CPU
     features, torch and C++ ABI. Exit 0 when it would load, else 1 with one line per problem."""
     from ascendc_pack_runtime.tools import verify_lines
 
-    lines, rc = verify_lines(bundle)
+    lines, rc = verify_lines(bundle, list(trusted_keys) or None)
     click.echo("\n".join(lines))
     sys.exit(rc)
 
@@ -230,3 +234,6 @@ def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, 
     lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed)
     click.echo("\n".join(lines), err=rc != 0)
     sys.exit(rc)
+
+
+register_trust_commands(main)   # keygen, sign (ascendc_pack/cli_trust.py)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Protocol
 
 from . import manifest as contract
-from .constants import (DEFAULT_MAX_BYTES, MANIFEST_NAME, MAX_BYTES_ENV, MAX_MANIFEST_BYTES, REBUILD)
+from .constants import (DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, MANIFEST_NAME, MAX_BYTES_ENV, MAX_MANIFEST_BYTES,
+                        MAX_RATIO_ENV, REBUILD, SIGNATURE_NAME)
 from .errors import (BundleError, BundleNotFoundError, CorruptArchiveError, DuplicateMemberError, ExtraMemberError,
                      ManifestJSONError, MemberHashError, MemberSizeError, MissingMemberError, NotABundleError,
                      SizeLimitError, UnsafeMemberNameError, UnsafeMemberTypeError)
@@ -28,6 +29,9 @@ from .manifest import Manifest, check_member_name
 
 MAX_TAR_HEADER_BYTES = 1 << 20
 """Cap on a pax / GNU long-name header (tarfile reads those into memory)."""
+MAX_SIGNATURE_BYTES = 1 << 16
+_HEAD_CAP = MAX_MANIFEST_BYTES + MAX_SIGNATURE_BYTES + 2 * MAX_TAR_HEADER_BYTES + (1 << 20)
+"""Decompressed bytes allowed before the manifest (and signature) are read and the caps known."""
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK = 1 << 20
 
@@ -44,6 +48,11 @@ def sha256_file(path: Path | str) -> str:
 def max_bytes() -> int:
     """The decompressed-size cap (``ASCENDC_PACK_RUNTIME_MAX_BYTES``, default 64 GiB)."""
     return _env_positive_int(MAX_BYTES_ENV, DEFAULT_MAX_BYTES, "bytes")
+
+
+def max_ratio() -> int:
+    """The cap on declared content ÷ compressed size (``ASCENDC_PACK_RUNTIME_MAX_RATIO``)."""
+    return _env_positive_int(MAX_RATIO_ENV, DEFAULT_MAX_RATIO, "a ratio")
 
 
 def _env_positive_int(name: str, default: int, unit: str) -> int:
@@ -215,12 +224,14 @@ def _member_kind(member: tarfile.TarInfo) -> str:
 
 @dataclass(frozen=True)
 class Head:
-    """The manifest of a bundle as read from the archive: its exact bytes, the JSON object
-    and the typed, validated :class:`~ascendc_pack_runtime.manifest.Manifest`."""
+    """The manifest of a bundle as read from the archive: its exact bytes, the JSON object,
+    the typed, validated :class:`~ascendc_pack_runtime.manifest.Manifest`, and the bytes of
+    ``manifest.sig`` when the bundle is signed."""
 
     manifest_bytes: bytes
     manifest_json: dict
     manifest: Manifest
+    signature: bytes | None = None
 
     @property
     def manifest_sha256(self) -> str:
@@ -241,7 +252,8 @@ def _read_small_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path
     return data
 
 
-def _read_head(tar: tarfile.TarFile, path: Path) -> Head:
+def _read_head(tar: tarfile.TarFile, path: Path) -> tuple[Head, tarfile.TarInfo | None]:
+    """The head and the header of the member after it (None at the end of the archive)."""
     try:
         first = tar.next()
     except tarfile.ReadError as e:
@@ -255,7 +267,12 @@ def _read_head(tar: tarfile.TarFile, path: Path) -> Head:
                               member=first.name[:256], fix=REBUILD)
     data = _read_small_member(tar, first, path, MAX_MANIFEST_BYTES)
     raw = contract.loads(data, f"{path}: {MANIFEST_NAME}")
-    return Head(data, raw, Manifest.from_json(raw))
+    manifest = Manifest.from_json(raw)
+    following, signature = tar.next(), None
+    if following is not None and following.name == SIGNATURE_NAME:
+        signature = _read_small_member(tar, following, path, MAX_SIGNATURE_BYTES)
+        following = tar.next()
+    return Head(data, raw, manifest, signature), following
 
 
 @contextlib.contextmanager
@@ -288,8 +305,8 @@ def read_head(path: Path | str) -> Head:
     member). Does not check the other members or the host."""
     path = check_path(path)
     check_zstd_frame(path)
-    with open(path, "rb") as f, _tar_stream(path, f, MAX_MANIFEST_BYTES + (1 << 20)) as (tar, _):
-        return _read_head(tar, path)
+    with open(path, "rb") as f, _tar_stream(path, f, _HEAD_CAP) as (tar, _):
+        return _read_head(tar, path)[0]
 
 
 # ----------------------------------------------------------------------------- the full pass
@@ -326,26 +343,25 @@ def scan(path: Path, sink: MemberSink | None, report: Callable[[BundleError], No
     cap = max_bytes()
     with open(path, "rb") as f:
         hashing = _HashingFile(f)
-        with _tar_stream(path, hashing, min(cap, MAX_MANIFEST_BYTES + (1 << 20))) as (tar, capped):
-            head = _read_head(tar, path)
+        with _tar_stream(path, hashing, min(cap, _HEAD_CAP)) as (tar, capped):
+            head, member = _read_head(tar, path)
             if on_head is not None:
                 on_head(head)
             members = head.manifest.members
-            declared = head.manifest.declared_bytes
-            if declared > cap:
-                fix = f"raise {MAX_BYTES_ENV} if the bundle is trusted"
-                raise SizeLimitError(f"{path}: field 'members' declares {declared} bytes of content, more than the "
-                                     f"{cap}-byte cap ({MAX_BYTES_ENV}); {fix}", field="members", fix=fix)
+            _check_declared(path, head.manifest.declared_bytes, cap)
             if sink is not None:
                 sink.begin(head)
-            # content + tar headers and padding (pax headers included) + the end-of-archive records
-            capped.cap = capped.count + declared + 4096 * (len(members) + 2) + (1 << 20)
+            # content + per member its tar header, a pax header carrying its name and the padding of
+            # its data (at most 3 KiB + the name) + the end-of-archive records
+            overhead = sum(max(4096, 3072 + len(name)) for name in members) + 2 * 4096 + (1 << 20)
+            capped.cap = capped.count + head.manifest.declared_bytes + overhead
             seen: set[str] = set()
             checked = 0
-            while (member := tar.next()) is not None:
+            while member is not None:
                 if _check_member(member, members, seen, path, report):
                     if _copy_member(tar, member, members[member.name].sha256, sink, path, report):
                         checked += 1
+                member = tar.next()
             _check_end(tar, capped, path)
             digest = hashing.finish()
     for name in members:
@@ -354,6 +370,23 @@ def scan(path: Path, sink: MemberSink | None, report: Callable[[BundleError], No
                                       "the archive; the bundle file is truncated or incomplete: copy it "
                                       "again or rebuild it", member=name, fix="copy the bundle again or rebuild it"))
     return ScanResult(head, digest, has_checksum, checked)
+
+
+def _check_declared(path: Path, declared: int, cap: int) -> None:
+    """Refuse a manifest that declares more content than the caps allow, before reading any:
+    the absolute cap and the ratio to the compressed file (an honest-looking 60 GiB declared in
+    a 2 MB file would otherwise be decompressed and hashed in full before a hash mismatch)."""
+    if declared > cap:
+        fix = f"raise {MAX_BYTES_ENV} if the bundle is trusted"
+        raise SizeLimitError(f"{path}: field 'members' declares {declared} bytes of content, more than the "
+                             f"{cap}-byte cap ({MAX_BYTES_ENV}); {fix}", field="members", fix=fix)
+    compressed = max(path.stat().st_size, 1)
+    ratio = max_ratio()
+    if declared > ratio * compressed:
+        fix = f"raise {MAX_RATIO_ENV} if the bundle is trusted (e.g. large all-zero weights)"
+        raise SizeLimitError(f"{path}: field 'members' declares {declared} bytes of content in a {compressed}-byte "
+                             f"file, a ratio over {ratio} ({MAX_RATIO_ENV}); refusing it (possible decompression "
+                             f"bomb): {fix}", field="members", fix=fix)
 
 
 def _check_member(member: tarfile.TarInfo, members, seen: set[str], path: Path,
@@ -436,4 +469,4 @@ def _check_end(tar: tarfile.TarFile, capped: _CappedReader, path: Path) -> None:
 
 
 __all__ = ["Head", "ScanResult", "MemberSink", "scan", "read_head", "check_zstd_frame", "check_path", "corrupt",
-           "sha256_file", "max_bytes", "ZSTD_MAGIC", "MAX_TAR_HEADER_BYTES"]
+           "sha256_file", "max_bytes", "max_ratio", "ZSTD_MAGIC", "MAX_TAR_HEADER_BYTES", "MAX_SIGNATURE_BYTES"]

@@ -38,6 +38,9 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_MEMBERS = 100_000
 MAX_NAME_CHARS = 4096
 MAX_COMPONENT_CHARS = 255
+MAX_EXTRACT_DEPTH = 64
+"""An extraction refuses a member nested deeper (bundles of ascendc-pack nest 4 deep): every
+per-name walk stays short, and a ~100 KB bundle cannot make millions of directories."""
 MAX_INT_DIGITS = 20
 """A manifest integer literal longer than this is refused as a field error (Python would
 otherwise refuse 4,300+ digits deep inside json.loads, and such a number fits no field)."""
@@ -61,8 +64,8 @@ CACHE_ENV = "ASCENDC_PACK_RUNTIME_CACHE"
 MAX_BYTES_ENV = "ASCENDC_PACK_RUNTIME_MAX_BYTES"
 MAX_RATIO_ENV = "ASCENDC_PACK_RUNTIME_MAX_RATIO"
 TRUSTED_KEYS_ENV = "ASCENDC_PACK_RUNTIME_TRUSTED_KEYS"
-"""Trust policy of a deployment: ``os.pathsep``-separated public keys (``ed25519:<hex>``) or
-files holding them; when set, only bundles signed by one of them load."""
+"""Trust policy of a deployment: comma-separated public keys (``ed25519:<hex>``) or files
+holding them; when set, only bundles signed by one of them load."""
 
 REBUILD = "rebuild the bundle with `ascendc-pack build`"
 """The fix of every refusal that only a new bundle can cure."""

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .constants import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, MAX_DIM, MAX_MEMBER_BYTES, MAX_MEMBERS, REBUILD
+from .constants import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, MAX_DIM, MAX_MEMBER_BYTES, MAX_MEMBERS, REBUILD,
+                        SIGNATURE_NAME)
 from .errors import FormatNameError, FormatVersionError, ManifestJSONError, MemberPathConflictError
 from .names import check_member_name, path_conflicts
 from .schema import MAX_COUNT, Fields, field_error, is_int, loads, show
@@ -340,8 +341,9 @@ def _members(f: Fields) -> Mapping[str, Member]:
     raw = f.get("members", lambda v: isinstance(v, dict), "a JSON object")
     if len(raw) > MAX_MEMBERS:
         raise field_error("members", f"lists {len(raw)} members, more than {MAX_MEMBERS}")
-    if MANIFEST_NAME in raw:
-        raise field_error("members", f"lists {MANIFEST_NAME} itself")
+    for special in (MANIFEST_NAME, SIGNATURE_NAME):
+        if special in raw:
+            raise field_error("members", f"lists {special} (it is never listed: it holds or signs the list)")
     out = {}
     for name, info in raw.items():
         out[check_member_name(name)] = Member.from_json(info, f"members[{name!r}]")
@@ -415,8 +417,9 @@ class Manifest:
             raise field_error("members", f"lists {len(members)} members, more than {MAX_MEMBERS}")
         for name in members:
             check_member_name(name)
-        if MANIFEST_NAME in members:
-            raise field_error("members", f"lists {MANIFEST_NAME} itself")
+        for special in (MANIFEST_NAME, SIGNATURE_NAME):
+            if special in members:
+                raise field_error("members", f"lists {special} (it is never listed: it holds or signs the list)")
         conflict = path_conflicts(members)
         if conflict is not None:
             raise MemberPathConflictError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .constants import GRAPH_ABI_VERSION, MANIFEST_NAME, REBUILD
-from .errors import GraphLoadError, KernelMismatchError, ManifestFieldError
-from .extract import Extracted, open_bundle
+from .errors import CacheIOError, GraphLoadError, KernelMismatchError, TamperedExtractionError
+from .extract import Extracted, check_libraries, open_bundle
 from .manifest import IOSpec, Manifest
 from .tensor_meta import DTYPES, same_layout
 
@@ -59,16 +60,18 @@ def _load_weights(directory: Path, m: Manifest) -> list[torch.Tensor]:
     validated: every tensor lies inside the file's declared size, aligned and disjoint)."""
     w = m.weights
     path = directory / w.file
-    size = path.stat().st_size
-    if size != m.members[w.file].size:
-        raise ManifestFieldError(f"{path} is {size} bytes, {MANIFEST_NAME} says {m.members[w.file].size}; the "
-                                 "extraction was modified: load the bundle again", member=w.file,
-                                 field="weights.file", fix="load the bundle again")
-    buf = None
-    if size > 0:
+    try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != m.members[w.file].size:
+                raise TamperedExtractionError(f"{path} is {size} bytes, {MANIFEST_NAME} says {m.members[w.file].size}; "
+                                              "the extraction was modified: load the bundle again", member=w.file,
+                                              fix="load the bundle again")
             # private copy-on-write mapping: zero-copy, and a write never reaches the file
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 0 else None
+    except OSError as e:
+        raise CacheIOError(f"cannot map {path}: {e}; load the bundle again (was the cache changed or deleted?)",
+                           member=w.file, fix="load the bundle again") from None
     tensors = []
     for t in w.tensors:
         dtype = DTYPES[t.dtype]
@@ -116,6 +119,7 @@ class Model:
         self._handle = None
         self._ops = None
         weights = _load_weights(self.directory, m)
+        check_libraries(self.directory, m)   # right before graph.so (and through it the kernels) is dlopen()ed
         self._ops = _graph_ops(self.directory, m)
         try:
             self._handle = self._ops.init(weights, str(self.directory))
@@ -280,15 +284,18 @@ def _registered(ops) -> bool:
         return False
 
 
-def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes") -> Model:
+def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes",
+         trusted_keys=None) -> Model:
     """Verify, extract (content-addressed, atomic) and load an ``.ascpack`` bundle.
 
     ``cache_dir`` defaults to ``$ASCENDC_PACK_RUNTIME_CACHE`` or
-    ``~/.cache/ascendc_pack_runtime``; ``verify="full"`` rehashes an earlier extraction
-    before reusing it. Raises a :class:`~ascendc_pack_runtime.errors.BundleError` subclass
-    that names the problem and the fix.
+    ``~/.cache/ascendc_pack_runtime``; ``verify="full"`` rehashes every member of an earlier
+    extraction before reusing it (libraries are always rehashed). ``trusted_keys`` (public keys
+    ``ed25519:<hex>`` or key files; default ``$ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``) refuses any
+    bundle not signed by one of them, before anything is extracted or loaded. Raises a
+    :class:`~ascendc_pack_runtime.errors.BundleError` subclass that names the problem and the fix.
     """
-    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify))
+    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys))
 
 
 __all__ = ["load", "Model", "TensorSpec"]

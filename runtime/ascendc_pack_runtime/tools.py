@@ -86,15 +86,17 @@ def inspect_bundle(path: Path | str, as_json: bool = False) -> tuple[str, int]:
     return inspect_text(manifest, path), 0
 
 
-def verify_lines(path: Path | str) -> tuple[list[str], int]:
+def verify_lines(path: Path | str, trusted_keys=None) -> tuple[list[str], int]:
     """(lines, exit status) of ``verify``: one line per problem (``<ErrorClass>: message``), or
-    one ``OK`` line."""
-    rep = verify_bundle(path)
+    one ``OK`` line. ``trusted_keys``: see :func:`~ascendc_pack_runtime.verify_bundle`."""
+    rep = verify_bundle(path, trusted_keys=trusted_keys)
     if rep.ok:
         name = rep.manifest.model_name if rep.manifest is not None else "?"
         checksum = "zstd checksum verified" if rep.has_checksum else "no zstd checksum in this bundle"
+        signed = (f"signed by trusted key {rep.signer}" if rep.signature_checked else
+                  f"signed by key {rep.signer} (not checked: no trusted keys)" if rep.signer else "unsigned")
         return [f"OK {path}: {name}, {rep.members_checked} members verified "
-                f"(sizes and sha256), {checksum}, compatible with this host"], 0
+                f"(sizes and sha256), {checksum}, {signed}, compatible with this host"], 0
     return [f"{p.kind}: {p}" for p in rep.problems], 1
 
 
@@ -140,7 +142,7 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int = 20, warmup: int = 1,
-               seed: int = 0, cache_dir: str | None = None) -> tuple[list[str], int, dict]:
+               seed: int = 0, cache_dir: str | None = None, trusted_keys=None) -> tuple[list[str], int, dict]:
     """(lines, exit status, results) of ``run``: load, call ``warmup + repeat`` times, report
     output dtypes/shapes and latency percentiles (milliseconds)."""
     import torch
@@ -152,7 +154,7 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
         return ["error: --repeat must be at least 1"], 1, {}
     try:
         t0 = time.perf_counter()
-        model = load(path, cache_dir=cache_dir)
+        model = load(path, cache_dir=cache_dir, trusted_keys=trusted_keys)
         load_ms = (time.perf_counter() - t0) * 1e3
         inputs = _load_inputs(model, inputs_file, seed)
         mutates = bool(model.contract.mutations)
@@ -194,11 +196,12 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
     return lines, 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms}
 
 
-def extract(path: Path | str, cache_dir: str | None = None, verify: str = "sizes") -> tuple[str, int]:
+def extract(path: Path | str, cache_dir: str | None = None, verify: str = "sizes",
+            trusted_keys=None) -> tuple[str, int]:
     """(directory or error line, exit status) of ``extract``: verify and extract the bundle
     into the cache (for the C++ API)."""
     try:
-        ex = open_bundle(path, cache_dir=cache_dir, verify=verify)
+        ex = open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys)
     except BundleError as e:
         return f"error: {e.kind}: {e}", 1
     return str(ex.directory), 0

@@ -54,6 +54,7 @@
 #include "rt/extraction.hpp"
 #include "rt/json.hpp"
 #include "rt/manifest.hpp"
+#include "rt/trust.hpp"
 
 namespace ascendc_pack {
 
@@ -72,6 +73,11 @@ struct LoadOptions {
   // The host's CPU feature flags for the ISA check; unset: read /proc/cpuinfo. Set it to check a
   // bundle against another machine's flags (or to test the refusal).
   std::optional<std::set<std::string>> host_cpu_flags;
+  // Trust policy: public keys ("ed25519:<hex>") or key files; the bundle's manifest.sig must be a
+  // valid signature by one of them (an empty list trusts nothing). Unset: the environment
+  // variable ASCENDC_PACK_RUNTIME_TRUSTED_KEYS (','-separated), else no policy. Needs
+  // libcrypto at run time (rt/trust.hpp).
+  std::optional<std::vector<std::string>> trusted_keys;
 };
 
 namespace detail {
@@ -202,7 +208,7 @@ class Model {
   void load_impl(const std::string& dir_in, const LoadOptions& opt) {
     dir_ = dir_in;
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-    contract::Manifest m = verified_manifest();
+    contract::Manifest m = verified_manifest(opt);
     extraction::check_members(dir_, m, opt.verify_hashes);
     if (opt.check_host) check_host(m, opt);
     name_ = m.model_name;
@@ -214,8 +220,9 @@ class Model {
     init_graph(m, weights);
   }
 
-  // 1. a private, symlink-free extraction whose marker is bound to its manifest.json
-  contract::Manifest verified_manifest() {
+  // 1. a private, symlink-free extraction whose marker is bound to its manifest.json, signed by a
+  //    trusted key when a trust policy is set
+  contract::Manifest verified_manifest(const LoadOptions& opt) {
     std::string parent = dir_.find('/') == std::string::npos ? "." : dir_.substr(0, dir_.rfind('/'));
     extraction::check_private_dir(dir_, "the extracted bundle");
     extraction::check_private_dir(parent.empty() ? "/" : parent, "the runtime cache");
@@ -226,6 +233,13 @@ class Model {
                                  "sha256 differs from the marker's); the extraction was modified: " +
                                      std::string(extraction::kExtractAgain),
                                  kManifestName, "", extraction::kExtractAgain);
+    if (auto policy = trust::resolve_policy(opt.trusted_keys)) {
+      std::optional<std::string> sig;
+      struct stat st;
+      if (::lstat((dir_ + "/" + kSignatureName).c_str(), &st) == 0)
+        sig = extraction::read_file(dir_ + "/" + kSignatureName, 1 << 16, kSignatureName);
+      trust::check_signature(text, sig, *policy, dir_);
+    }
     detail::Json json;
     try {
       json = detail::JsonParser(text).parse();
