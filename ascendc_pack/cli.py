@@ -9,6 +9,7 @@ import time
 import click
 
 from . import __version__
+from .cli_trust import register as register_trust_commands, sign_built_bundle
 from .errors import PackError
 
 
@@ -97,7 +98,8 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
               help="Load the new bundle and compare it with eager on the example and calibration inputs before writing it.")
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug, verify, atol, rtol):
+@click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug, verify, atol, rtol, sign_key):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
@@ -125,6 +127,7 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debu
                f"{result.compile_failures} failed; {result.kernels_profiled} kernels profiled, "
                f"{result.candidates_disqualified} candidates disqualified"
                + (f"; {len(result.fallbacks)} kernels fell back to ATen" if result.fallbacks else ""))
+    sign_built_bundle(result.output, sign_key)
 
 
 @main.command()
@@ -256,13 +259,14 @@ def inspect(bundle: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
-def verify(bundle: str) -> None:
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Require a signature by this public key (ed25519:<hex> or a .pub file; repeatable; default $ASCENDC_PACK_RUNTIME_TRUSTED_KEYS).")
+def verify(bundle: str, trusted_keys: tuple[str, ...]) -> None:
     """Run every load-time check on BUNDLE without loading it: zstd frame and checksum, member
     list, sizes, sha256, safe names and types, size caps, manifest fields, and this host's CPU
     features, torch and C++ ABI. Exit 0 when it would load, else 1 with one line per problem."""
     from ascendc_pack_runtime.tools import verify_lines
 
-    lines, rc = verify_lines(bundle)
+    lines, rc = verify_lines(bundle, list(trusted_keys) or None)
     click.echo("\n".join(lines))
     sys.exit(rc)
 
@@ -285,3 +289,6 @@ def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, 
     lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed)
     click.echo("\n".join(lines), err=rc != 0)
     sys.exit(rc)
+
+
+register_trust_commands(main)   # keygen, sign (ascendc_pack/cli_trust.py)

@@ -14,16 +14,28 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from ascendc_pack_runtime.constants import (
+    GRAPH_ABI_VERSION,  # the one definition (runtime contract)
+)
 from ascendc_pack_runtime.tensor_meta import SCALAR_TYPES
 
 from .graph_aten import INT64_MIN, Const, ConstKind
 from .graph_memory import align
-from .graph_plan import (Arg, AtenAction, Buf, CallMode, CheckAction, CondAction, FusedAction, GraphPlan,
-                         RelayoutAction, Val, ValKind)
+from .graph_plan import (
+    Arg,
+    AtenAction,
+    Buf,
+    CallMode,
+    CheckAction,
+    CondAction,
+    FusedAction,
+    GraphPlan,
+    RelayoutAction,
+    Val,
+    ValKind,
+)
 from .toolchain import package_version
 
-GRAPH_ABI_VERSION = 1
-"""Version of the interface between the runtime and graph.so (the ops it registers)."""
 GRAPH_TEMPLATE = "graph/graph.cpp.j2"
 NIL = "AP_NIL"
 

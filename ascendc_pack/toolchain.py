@@ -239,17 +239,11 @@ def isa_features(march: str, cxx: str = DEFAULT_CXX) -> list[str]:
 
 
 def host_cpu_flags() -> set[str]:
-    """This host's CPU flags from ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on arm);
-    empty when unavailable."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+    """This host's CPU flags from ``/proc/cpuinfo`` (``ascendc_pack_runtime.host``, the one
+    parser); empty when unavailable."""
+    from ascendc_pack_runtime.host import host_cpu_flags as runtime_host_cpu_flags
+
+    return set(runtime_host_cpu_flags() or ())
 
 
 # ----------------------------------------------------------------------------- compiling

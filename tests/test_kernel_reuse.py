@@ -69,11 +69,11 @@ def test_layer_stack_compiles_and_bundles_each_distinct_kernel_once(tmp_path):
     assert result.kernels_profiled == len(names) and set(result.choices) == names
 
     manifest = read_manifest(result.output)
-    (entry,) = manifest["kernels"]
-    assert entry["uses"] == kernel_uses(fused.program)[entry["name"]]
-    assert len(entry["uses"]) == n and len({tuple(u["outputs"]) for u in entry["uses"]}) == n
-    libraries = [m for m in manifest["members"] if m.startswith("kernels/")]
-    assert libraries == [entry["file"]]
+    (entry,) = manifest.kernels
+    assert [dict(u) for u in entry.uses] == kernel_uses(fused.program)[entry.name]
+    assert len(entry.uses) == n and len({tuple(u["outputs"]) for u in entry.uses}) == n
+    libraries = [m for m in manifest.members if m.startswith("kernels/")]
+    assert libraries == [entry.file]
 
     with torch.no_grad():
         expected = model(x)

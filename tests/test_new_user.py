@@ -3,7 +3,6 @@ honest timings and the CLI details."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -65,10 +64,9 @@ def test_namedtuple_outputs_keep_their_names_in_bundle_runtime_and_triton(named_
     got = model(x)
     assert type(got).__name__ == "Out" and got._fields == ("logits", "hidden")
     assert torch.allclose(got.logits, torch.softmax(got.hidden, -1), atol=1e-6)
-    manifest = rt.read_manifest(out) if hasattr(rt, "read_manifest") else json.loads(
-        subprocess.run([sys.executable, "-m", "ascendc_pack_runtime", "inspect", "--json", str(out)],
-                       capture_output=True, text=True, check=True).stdout)
-    assert [o["name"] for o in manifest["outputs"]] == ["logits", "hidden"]
+    manifest = rt.read_manifest(out)
+    assert [o.name for o in manifest.outputs] == ["logits", "hidden"]
+    assert manifest.out_tree["kind"] == "namedtuple" and manifest.out_tree["fields"] == ["logits", "hidden"]
     inspect = CliRunner().invoke(main, ["inspect", str(out)])
     assert inspect.exit_code == 0 and "logits" in inspect.output and "hidden" in inspect.output
     repo = d / "repo"
