@@ -115,7 +115,7 @@ def contention_lines(result: dict) -> list[str]:
 
 
 BUILD_HEAD = ["model", "bundle cold s", *[f"{s} s" for s in STAGES], "candidate compiles", "warm rebuild s",
-              "rebuild ÷ cold", "AOTI compile s", "torch.compile 1st call s", "freezing 1st call s", "bundle ÷ AOTI"]
+              "rebuild ÷ cold", "rebuild compiles", "AOTI compile s", "torch.compile 1st call s", "freezing 1st call s", "bundle ÷ AOTI"]
 
 
 def build_row(result: dict) -> list[str]:
@@ -129,7 +129,8 @@ def build_row(result: dict) -> list[str]:
     return [result["name"], fmt_s(cold), *[fmt_s(stages.get(s)) for s in STAGES],
             str(b.get("candidate_compiles", "-")),
             fmt_s(rb.get("build_s")) if not rb.get("error") else "FAILED",
-            fmt_pct(rb["build_s"] / cold) if rb.get("build_s") and cold else "-", fmt_s(aoti),
+            fmt_pct(rb["build_s"] / cold) if rb.get("build_s") and cold else "-",
+            str(rb.get("candidate_compiles", "-")), fmt_s(aoti),
             fmt_s(res.get("compile", {}).get("first_call_s")), fmt_s(res.get("compile_freeze", {}).get("first_call_s")),
             fmt_ratio(cold / aoti) if cold and aoti else "-"]
 
@@ -157,7 +158,7 @@ def kernel_rows(result: dict) -> tuple[list[str], list[list[str]]]:
         rows.append([k["kernel"], str(k["candidates"]), str(k["chosen_index"]), fmt_us(w),
                      fmt_pct(sp["rel_iqr"]) if sp else "-", fmt_us(c0),
                      fmt_ratio(c0 / w) if w and c0 else "-", f"{k['bytes'] / 1024:.0f}",
-                     fmt_gbs(k.get("gbs")) if k.get("winner_stable") else "unstable",
+                     fmt_gbs(k.get("gbs")) if k.get("winner_stable") else "unstable" if w else "-",
                      fmt_gbs(k.get("copy_gbs")) if k.get("copy_stable") else "unstable",
                      f"{k['pct_of_copy']:.0f}%" if k.get("pct_of_copy") else "-",
                      "yes" if k["visited"] else "no"])
