@@ -261,7 +261,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
             "format_version": FORMAT_VERSION,
             "producer": {"name": "ascendc-pack", "version": package_version()},
             "model": {"name": model.name},
-            "backend": "cpu",
+            "backend": config.backend,
             "target": {
                 "arch": platform.machine(), "march": config.march, "isa": list(isa),
                 "compiler": identity.split(" ", 1)[1] if " " in identity else identity,

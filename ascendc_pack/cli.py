@@ -65,23 +65,35 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
 @click.option("--cache-dir", default=None, help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
 @click.option("--jobs", default=None, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
+@click.option("--backend", default=None, help="Target device backend (default cpu; the only one so far).")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
-    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle."""
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug):
+    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
+
+    Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
+    stops the build cleanly (exit 130): the bundle is not written, finished kernels stay cached.
+    """
     from .pipeline import build_file
 
     try:
         t0 = time.perf_counter()
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
-                            jobs=jobs, march=march, debug=debug, progress=True)
+                            jobs=jobs, march=march, debug=debug, backend=backend, progress=True)
     except PackError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:
+        click.secho("interrupted: no bundle was written; kernels that finished compiling or tuning "
+                    "stay in the cache", fg="yellow", err=True)
+        sys.exit(130)
     click.echo(result.summary())
-    stages = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+    stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in result.seconds.items())
     size = result.output.stat().st_size
     click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
-               f"{result.kernels_compiled} candidate compiles, {result.kernels_profiled} kernels profiled")
+               f"{result.kernels_compiled} candidate compiles, {result.cache_hits} cached, "
+               f"{result.compile_failures} failed; {result.kernels_profiled} kernels profiled, "
+               f"{result.candidates_disqualified} candidates disqualified"
+               + (f"; {len(result.fallbacks)} kernels fell back to ATen" if result.fallbacks else ""))
 
 
 @main.command()

@@ -21,13 +21,14 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from .cache import (LOCK_TIMEOUT_S, KernelDir, atomic_write_text, check_component, stable_hash,
                     temp_path_for)
@@ -51,35 +52,9 @@ class KernelLibraryError(PackError):
     """A kernel library cannot be loaded, lacks the ABI symbols, or is not the promised file."""
 
 
-# ----------------------------------------------------------------------------- statistics
-
-
-@dataclass
-class CompileStats:
-    """Process-wide counters (tests assert "warm cache -> zero compiler calls" with them)."""
-
-    compiler_calls: int = 0   # g++ runs for candidates (probes like --version are not counted)
-    cache_hits: int = 0       # candidates reused from the cache, libraries and cached failures
-    failures: int = 0         # candidates that failed in this process (compile or validation)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + n)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.compiler_calls = self.cache_hits = self.failures = 0
-
-
-STATS = CompileStats()
-
-
-def __getattr__(name: str):
-    """``compile.COMPILER_CALLS`` reads ``STATS.compiler_calls``."""
-    if name == "COMPILER_CALLS":
-        return STATS.compiler_calls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class CompileCancelled(Exception):
+    """Raised inside compile workers once the build was interrupted (Ctrl-C): the candidate is
+    neither a success nor a failure and nothing about it is recorded."""
 
 
 # ----------------------------------------------------------------------------- data
@@ -162,6 +137,25 @@ class CompiledKernel:
     def from_json(d: dict) -> CompiledKernel:
         return CompiledKernel(KernelDir(Path(d["root"]), d["kernel_name"], d["artifact_hash"]),
                               [CompiledCandidate.from_json(c) for c in d["candidates"]])
+
+
+@dataclass(frozen=True)
+class CompileCounts:
+    """What compiling some kernels did, counted from their results (each build counts its own;
+    there is no process-wide counter): ``compiler_calls`` candidates run through the compiler
+    (failures included), ``cache_hits`` reused from the cache (libraries and recorded failures),
+    ``failures`` candidates that failed to compile or validate in this build."""
+
+    compiler_calls: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+
+    @staticmethod
+    def of(kernels: Iterable[CompiledKernel]) -> CompileCounts:
+        cands = [c for k in kernels for c in k.candidates]
+        return CompileCounts(compiler_calls=sum(c.compiled for c in cands),
+                             cache_hits=sum(not c.compiled for c in cands),
+                             failures=sum(c.compiled and not c.ok for c in cands))
 
 
 # ----------------------------------------------------------------------------- toolchain
@@ -426,7 +420,12 @@ def _write_debug(ctx: _Ctx, kernel_name: str, cs: CandidateSource, cmd_text: str
 
 @dataclass
 class _Ctx:
-    """Settings shared by every compile of one compile_kernels call."""
+    """Settings and state shared by every compile of one compile_kernels call.
+
+    Compiler processes run in their own session, so a Ctrl-C in the terminal reaches only the
+    build: it calls :meth:`cancel`, which kills the running compilers; their workers then raise
+    CompileCancelled instead of recording a (false) failure of the candidate.
+    """
 
     cxx: str
     flags: list[str]
@@ -434,15 +433,59 @@ class _Ctx:
     lock_timeout_s: float
     debug_root: Path | None
     progress: Callable[[int], None] | None
-    _progress_lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _running: set = field(default_factory=set)
 
     def tick(self) -> None:
-        if self.progress is not None:
-            with self._progress_lock:
+        if self.progress is not None and not self._cancelled.is_set():
+            with self._lock:
                 self.progress(1)
 
     def command(self, cpp: Path, out: Path) -> list[str]:
         return [self.cxx, *self.flags, "-o", str(out), str(cpp)]
+
+    def cancel(self) -> None:
+        """Stop: kill the running compilers; candidates not yet started are not compiled."""
+        self._cancelled.set()
+        with self._lock:
+            for proc in self._running:
+                if proc.returncode is None:  # not reaped yet, so its pid is still its own
+                    _kill_group(proc)
+
+    def run_compiler(self, cmd: list[str]) -> tuple[int, str]:
+        """Run one compile; (exit code, output). Raises subprocess.TimeoutExpired after
+        ``timeout_s`` and CompileCancelled when the build was interrupted meanwhile."""
+        with self._lock:
+            if self._cancelled.is_set():
+                raise CompileCancelled()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace",
+                                    env=_compiler_env(), start_new_session=True)
+            self._running.add(proc)
+        try:
+            out, _ = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, _ = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, self.timeout_s, output=out) from None
+        finally:
+            if proc.poll() is None:  # interrupted while waiting (KeyboardInterrupt, serial path)
+                _kill_group(proc)
+                proc.wait()
+            with self._lock:
+                self._running.discard(proc)
+        if self._cancelled.is_set():
+            raise CompileCancelled()
+        return proc.returncode, out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a compiler and the programs it started (cc1plus, as, ld): it leads its own session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _source_sha(source: str) -> str:
@@ -513,21 +556,21 @@ def _compile_candidate(kd: KernelDir, cs: CandidateSource, ctx: _Ctx) -> Compile
     atomic_write_text(cpp, cs.source)
     tmp = temp_path_for(so)
     cmd = ctx.command(cpp, tmp)
-    STATS.add("compiler_calls")
     error, cacheable = None, False
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace",
-                              timeout=ctx.timeout_s, env=_compiler_env())
-        if proc.returncode != 0:
-            error = _failure_text(kd, cs, f"exit code {proc.returncode}", cmd, proc.stdout)
+        returncode, output = ctx.run_compiler(cmd)
+        if returncode < 0:  # killed by a signal (not by us: that is CompileCancelled): not its fault
+            error = _failure_text(kd, cs, f"the compiler was killed by {signal.Signals(-returncode).name}",
+                                  cmd, output)
+        elif returncode != 0:
+            error = _failure_text(kd, cs, f"exit code {returncode}", cmd, output)
             cacheable = True
         else:
             try:
                 describe_library(tmp, expected_key=key, expected_name=kd.kernel_name)
                 os.replace(tmp, so)
             except KernelLibraryError as e:
-                error = _failure_text(kd, cs, f"the library failed validation: {e}", cmd, proc.stdout)
+                error = _failure_text(kd, cs, f"the library failed validation: {e}", cmd, output)
                 cacheable = True
     except subprocess.TimeoutExpired as e:
         out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
@@ -542,7 +585,6 @@ def _compile_candidate(kd: KernelDir, cs: CandidateSource, ctx: _Ctx) -> Compile
     if error is None:
         kd.compile_error(key).unlink(missing_ok=True)
         return CompiledCandidate(cs.candidate, so, None, compiled=True)
-    STATS.add("failures")
     log.warning("%s", error.splitlines()[0])
     header = f"{_ERROR_HEADER} cacheable={int(cacheable)} source_sha256={_source_sha(cs.source)}"
     atomic_write_text(kd.compile_error(key), f"{header}\n{error}\n")
@@ -563,7 +605,6 @@ def _build_kernel(build: KernelBuild, root: Path, ctx: _Ctx,
             if hit is None:
                 todo.append(i)
                 continue
-            STATS.add("cache_hits")
             so = kd.kernel_so(cs.candidate.kernel_key)
             cmd_text = f"# cache hit: {so} was reused; this command rebuilds it\n" \
                        f"{shlex.join(ctx.command(kd.kernel_cpp(cs.candidate.kernel_key), so))}\n"
@@ -609,7 +650,9 @@ def compile_kernels(builds: list[KernelBuild], config: BuildConfig,
         futures = [kernels.submit(_build_kernel, b, root, ctx, pool) for b in builds]
         try:
             return [f.result() for f in futures]
-        except BaseException:
+        except BaseException:  # Ctrl-C (or a lock timeout): stop every compile, record nothing
+            ctx.cancel()
             for f in futures:
                 f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
             raise

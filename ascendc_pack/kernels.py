@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .backend import get_backend
 from .cache import atomic_write_text
-from .codegen import TEMPLATE_VERSION, render_kernel, template_env
-from .compiler import (CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, debug_dir_for,
-                       isa_features)
+from .codegen import TEMPLATE_VERSION, template_env
+from .compiler import CandidateSource, CompiledKernel, KernelBuild, debug_dir_for
 from .config import BuildConfig
 from .program import FusedStep, Program
 from .tiling import Target, Tiling, propose
@@ -35,26 +35,24 @@ class KernelCandidates:
 
 
 def target_for(config: BuildConfig) -> Target:
-    return Target(cores=config.effective_cores)
+    return get_backend(config.backend).target(config)
 
 
 def prepare_kernels(program: Program, config: BuildConfig,
                     progress: Callable[[int], None] | None = None) -> dict[str, KernelCandidates]:
     """Propose, render and compile the candidates of every fused kernel (branches included)."""
-    target = target_for(config)
-    isa = ",".join(isa_features(config.march))
+    backend = get_backend(config.backend)
+    target = backend.target(config)
+    isa = ",".join(backend.isa(config))
     steps = {s.name: s for s in program.fused_steps()}  # identical kernels share a name
     builds, tilings = [], {}
     for name, step in steps.items():
         spec_text = json.dumps(step.kernel, sort_keys=True)
         tilings[name] = propose(step.kernel, target, config.topn)
-        sources = [CandidateSource(t.candidate, render_kernel(step.kernel, t.params, t.candidate.kernel_key,
-                                                             t.candidate.tiling_repr, t.candidate.workspace,
-                                                             t.candidate.block_dim, isa))
-                   for t in tilings[name]]
-        ahash = artifact_hash(spec_text, TEMPLATE_VERSION, config.cores, config.march)
+        sources = [CandidateSource(t.candidate, backend.render_kernel(step.kernel, t, isa)) for t in tilings[name]]
+        ahash = backend.artifact_hash(spec_text, TEMPLATE_VERSION, config)
         builds.append(KernelBuild(name, ahash, sources))
-    compiled = compile_kernels(builds, config, progress)
+    compiled = backend.compile(builds, config, progress)
     result = {b.kernel_name: KernelCandidates(steps[b.kernel_name], tilings[b.kernel_name], ck)
               for b, ck in zip(builds, compiled)}
     if config.debug:

@@ -5,9 +5,7 @@ load model.py -> capture -> fuse -> tile/render/compile -> tune (PGO) -> render 
 
 from __future__ import annotations
 
-import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -75,65 +73,74 @@ def _clone(inputs) -> tuple[torch.Tensor, ...]:
 
 @dataclass
 class BuildResult:
-    """What :func:`build` produced: the bundle path, the choices and the timings of each stage."""
+    """What :func:`build` produced.
+
+    ``output`` is the bundle path, ``choices`` the tuned winner of every fused kernel,
+    ``fallbacks`` the kernels bundled as their ATen steps because no candidate passed, and
+    ``seconds`` the time of each stage (capture, fuse, compile, tune, graph_compile, bundle).
+    The counts are this build's own: ``kernels_compiled`` candidates run through the compiler,
+    ``cache_hits`` candidates reused from the cache, ``compile_failures`` candidates that failed
+    to compile, ``kernels_profiled`` kernels whose candidates were verified and timed,
+    ``candidates_disqualified`` candidates verification rejected.
+    """
 
     output: Path | None
     choices: dict
     seconds: dict[str, float]
     kernels_compiled: int
     kernels_profiled: int
+    cache_hits: int = 0
+    compile_failures: int = 0
+    candidates_disqualified: int = 0
+    fallbacks: dict = field(default_factory=dict)
 
     def summary(self) -> str:
         from .tune import summary_table
 
-        return summary_table(self.choices)
+        return summary_table(self.choices, self.fallbacks)
 
 
-def _progress_bar(enabled: bool, length: int, label: str):
-    import contextlib
+def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", config=None, progress=None):
+    """capture -> fuse -> tile/render/compile. Returns (captured, fused model, kernels, seconds).
 
-    import click
-
-    if not enabled or length == 0:
-        return contextlib.nullcontext(None)
-    return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
-
-
-def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", config=None, progress: bool = False):
-    """capture -> fuse -> tile/render/compile. Returns (captured, fused model, kernels, seconds)."""
+    ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent).
+    """
     from .fuse import fuse
     from .kernels import prepare_kernels, total_candidates
+    from .progress import Progress
 
-    seconds = {}
-    t0 = time.perf_counter()
-    captured = capture(module, _clone(example_inputs), name=name)
-    seconds["capture"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fused = fuse(captured.model)
-    seconds["fuse"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with _progress_bar(progress, total_candidates(fused.program, config), "compiling kernels") as bar:
-        kernels = prepare_kernels(fused.program, config, bar.update if bar is not None else None)
-    seconds["compile"] = time.perf_counter() - t0
-    return captured, fused, kernels, seconds
+    progress = progress or Progress(enabled=False)
+    with progress.stage("capture"):
+        captured = capture(module, _clone(example_inputs), name=name)
+    with progress.stage("fuse"):
+        fused = fuse(captured.model)
+    with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
+        kernels = prepare_kernels(fused.program, config, st.advance)
+    return captured, fused, kernels, dict(progress.seconds)
 
 
 def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int | None = None,
-            cache_dir=None, calibration_inputs=None, jobs: int | None = None, debug: bool | None = None):
+            cache_dir=None, calibration_inputs=None, jobs: int | None = None, debug: bool | None = None,
+            backend: str | None = None, protocol=None):
     """Compile ``model`` into a Python-mode callable (no bundle, no graph .so), like torch.compile.
 
-    Fused kernels with several candidates tune themselves on their first call on that call's
-    real arguments; ``calibration_inputs`` (a list of input tuples) are run right away.
+    Fused kernels with several candidates verify and tune themselves on their first call on that
+    call's real arguments; ``calibration_inputs`` (a list of input tuples) are run right away.
+    ``protocol``: the PGO :class:`~ascendc_pack.autotune.Protocol` (default timings).
 
     Returns:
         A :class:`ascendc_pack.tune.PythonModeModule`; call it like the model.
     """
+    from .autotune import Protocol
+    from .backend import get_backend
     from .config import BuildConfig
     from .tune import PythonModeModule
 
-    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores)
+    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores,
+                                 backend=backend)
     captured, fused, kernels, _ = prepare(model, example_inputs, name=type(model).__name__, config=config)
-    pm = PythonModeModule(fused, captured.weights, kernels)
+    pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
+                          backend=get_backend(config.backend))
     for inputs in calibration_inputs or []:
         pm(*_clone(inputs))
     return pm
@@ -141,43 +148,54 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
 
 def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None, calibration_inputs=None,
           cores: int | None = None, cache_dir=None, jobs: int | None = None, debug: bool | None = None,
-          march: str | None = None, name: str | None = None, progress: bool = False) -> BuildResult:
+          march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
+          protocol=None) -> BuildResult:
     """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, DESIGN 2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
-    kernels no run reached keep candidate 0 and are reported unvisited.
+    kernels no run reached keep candidate 0 and are reported unvisited. Each candidate is
+    verified against the reference before it is timed; a kernel whose candidates all fail is
+    bundled as its ATen steps (with a warning). ``progress``: True reports every stage on
+    stderr (bars on a terminal, plain lines otherwise), or pass a
+    :class:`~ascendc_pack.progress.Progress`. ``protocol``: the PGO
+    :class:`~ascendc_pack.autotune.Protocol`.
 
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
     """
-    from . import autotune
-    from . import compiler as compile_stage
+    from .autotune import Protocol
+    from .backend import get_backend
     from .bundle import build_bundle
     from .config import BuildConfig
-    from .tune import PythonModeModule
+    from .progress import Progress
+    from .tune import PythonModeModule, inline_kernels
 
-    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march)
+    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
+                                 backend=backend)
     name = name or type(model).__name__
-    calls0, prof0 = compile_stage.STATS.compiler_calls, autotune.STATS.kernels_profiled
-    captured, fused, kernels, seconds = prepare(model, example_inputs, name=name, config=config, progress=progress)
+    progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    captured, fused, kernels, _ = prepare(model, example_inputs, name=name, config=config, progress=progress)
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
-    t0 = time.perf_counter()
-    n_tune = sum(1 for k in kernels.values() if len(k.compiled.candidates) > 1)
-    with _progress_bar(progress and n_tune > 0, n_tune, "tuning kernels ") as bar:
-        pm = PythonModeModule(fused, captured.weights, kernels,
-                              log_progress=(lambda _: bar.update(1)) if bar is not None else None)
+    pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
+                          backend=get_backend(config.backend))
+    with pm, progress.stage("tune", total=pm.pending()) as st:
+        pm.log_progress = lambda _: st.advance()
         for inputs in input_sets:
             pm(*_clone(inputs))
-    seconds["tune"] = time.perf_counter() - t0
-    choices = pm.choices()
-    t0 = time.perf_counter()
+    choices, fallbacks = pm.choices(), pm.fallbacks()
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
-    report = build_bundle(fused, captured.weights, choices, out, config)
-    seconds["bundle"] = time.perf_counter() - t0
+    # the graph engineer's render stage will report graph compile progress itself; until then the
+    # whole bundle stage shows its elapsed time and the graph compile's share is split off after
+    with progress.stage("bundle", label="graph compile + bundle"):
+        report = build_bundle(inline_kernels(fused, fallbacks), captured.weights, choices, out, config)
+    seconds = {k: v for k, v in progress.seconds.items() if k != "bundle"}
     seconds["graph_compile"] = report.graph.compile_seconds
-    return BuildResult(output=out, choices=choices, seconds=seconds,
-                       kernels_compiled=compile_stage.STATS.compiler_calls - calls0,
-                       kernels_profiled=autotune.STATS.kernels_profiled - prof0)
+    seconds["bundle"] = max(0.0, progress.seconds["bundle"] - report.graph.compile_seconds)
+    counts = pm.compile_counts
+    return BuildResult(output=out, choices=choices, seconds=seconds, kernels_compiled=counts.compiler_calls,
+                       kernels_profiled=pm.kernels_profiled, cache_hits=counts.cache_hits,
+                       compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
+                       fallbacks=fallbacks)
 
 
 def build_file(model_file, **kwargs) -> BuildResult:
