@@ -114,6 +114,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
         result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"))
         seconds = time.perf_counter() - t0
         extra.update(stages=dict(result.seconds), candidate_compiles=result.kernels_compiled,
+                     cache_hits=result.cache_hits, fallbacks=len(result.fallbacks),
                      kernels=choices_json(result.choices))
     else:
         raise ValueError(f"unknown artifact kind {kind!r}")

@@ -187,7 +187,7 @@ def _build_all(run: _Run, rebuild: bool) -> None:
         reply = run.once(tuned, "rebuild", {"cmd": "build", "args": {
             "kind": tuned, "model_file": str(run.model_file), "out_dir": str(run.work / tuned), "topn": run.topn,
             "cache_dir": str(run.work / tuned / f"cache-topn{n}"), "tag": ".rebuild"}})
-        run.res[tuned]["rebuild"] = ({k: reply[k] for k in ("build_s", "stages", "candidate_compiles")}
+        run.res[tuned]["rebuild"] = ({k: reply[k] for k in ("build_s", "stages", "candidate_compiles", "cache_hits")}
                                      if reply.get("ok") else {"error": reply.get("error")})
 
 
