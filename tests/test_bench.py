@@ -411,3 +411,28 @@ def test_chart_is_a_png(tmp_path):
         "ratios": {"bundleN": {"eager": ratio(0.5), "compile": ratio(1.2, stable=False)}}}
     _run_all().chart([made_up, {**made_up, "name": "n"}], tmp_path / "c.png", 4)
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_build_time_table(monkeypatch, capsys, tmp_path):
+    """`python -m ascendc_pack.bench build`: cold bundle vs AOTI vs torch.compile, warm rebuild."""
+    from ascendc_pack.bench import command
+
+    def made_up(model_file, **kw):  # no number here reaches a document
+        assert kw["rebuild"] and kw["repeat"] == 0 and set(kw["contenders"]) == set(command.BUILD_CONTENDERS)
+        return {"name": Path(model_file).stem, "loadavg_start": [0.5, 0.5, 0.5], "loadavg_end": [0.6, 0.5, 0.5],
+                "config": {"torch": "x", "cores": 2}, "contenders": {
+                    "compile": {"label": "torch.compile", "status": "ok", "first_call_s": 4.0},
+                    "compile_freeze": {"label": "torch.compile freezing", "status": "failed", "reason": "boom"},
+                    "aoti": {"label": "AOTInductor (.pt2)", "status": "ok", "build_s": 40.0},
+                    "bundleN": {"label": ".ascpack --topn 4", "status": "ok", "build_s": 30.0, "candidate_compiles": 12,
+                                "stages": {"capture": 2.0, "graph_compile": 20.0},
+                                "rebuild": {"build_s": 3.0, "candidate_compiles": 0}}}}
+
+    monkeypatch.setattr(command, "bench_model", made_up)
+    command.main(["build", "a.py", "--json", str(tmp_path / "b.json")])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("a "))
+    assert row.split()[:3] == ["a", "30.00", "2.00"] and row.split()[-1] == "0.75"
+    assert "10%" in row and "12" in row and "at start: load average 0.50" in out
+    assert "a: torch.compile freezing: failed: boom" in out
+    assert json.loads((tmp_path / "b.json").read_text())[0]["name"] == "a"

@@ -12,7 +12,8 @@ from ..errors import PackError
 from .contenders import MODEL_CONTENDERS
 from .kernels import EXAMPLES, bench_kernels
 from .model import bench_model
-from .report import BUILD_HEAD, build_row, format_report, header_lines, text_table
+from .machine import load_line
+from .report import BUILD_HEAD, build_row, format_report, text_table
 
 #: the contenders of ``build``: the tuned bundle, AOTInductor, torch.compile's first call
 BUILD_CONTENDERS = ("compile", "compile_freeze", "aoti", "bundleN")
@@ -55,7 +56,10 @@ def bench_build_main(model_files: list[str], topn: int = 4, json_path: str | Non
         results.append(bench_model(model_file, topn=topn, repeat=0, cold_runs=0, rebuild=True,
                                    contenders=list(BUILD_CONTENDERS)))
     if results:
-        print("\n".join(header_lines(results[0])[1:]))
+        cfg = results[0]["config"]
+        print(f"torch {cfg['torch']}, {cfg['cores']} cores; one cold build each (fresh caches), then a warm rebuild")
+        print("at start: " + load_line(results[0].get("loadavg_start"), cfg["cores"]))
+        print("at end:   " + load_line(results[-1].get("loadavg_end"), cfg["cores"]))
     print("\n".join(text_table(BUILD_HEAD, [build_row(r) for r in results])))
     for r in results:
         for c in r["contenders"].values():
