@@ -66,6 +66,7 @@ def chart(results: list[dict], path: Path, topn: int) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     names = [r["name"] for r in results]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 1.3 * len(names)))
@@ -80,13 +81,16 @@ def chart(results: list[dict], path: Path, topn: int) -> None:
                 ys.append(y)
                 vals.append(s["median"])
                 hatches.append("" if s["stable"] else "///")
-                ax.text(s["median"] * 1.03, y, f"{s['median']:.2f}" + ("" if s["stable"] else " ?"),
+                ax.text(s["median"] * 1.03, y, report.fmt_ratio(s["median"]) + ("" if s["stable"] else " ?"),
                         va="center", fontsize=7)
             elif c is not None and c["status"] != "ok":
                 ax.text(1.0, y, f"  {bench.label(cid, topn)}: {c['status']}", va="center", fontsize=7, color="red")
-        bars = ax.barh(ys, vals, height=height, color=COLORS[cid], label=bench.label(cid, topn))
+        bars = ax.barh(ys, vals, height=height, color=COLORS[cid])
         for bar, h in zip(bars, hatches):
             bar.set_hatch(h)
+    # legend from plain patches: a hatched first bar must not make the whole entry look unstable
+    ax.legend(handles=[Patch(color=COLORS[c], label=bench.label(c, topn)) for c in CHART_ORDER], fontsize=7,
+              loc="best")
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(names)))
@@ -95,7 +99,6 @@ def chart(results: list[dict], path: Path, topn: int) -> None:
     ax.set_xlabel(f".ascpack --topn {topn} latency ÷ contender latency (median over rounds; < 1: bundle faster; "
                   "hatched / ?: unstable)")
     ax.set_title("ascendc-pack bundle vs other runtimes (CPU, per-call latency ratio)")
-    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -115,7 +115,8 @@ def contention_lines(result: dict) -> list[str]:
 
 
 BUILD_HEAD = ["model", "bundle cold s", *[f"{s} s" for s in STAGES], "candidate compiles", "warm rebuild s",
-              "rebuild ÷ cold", "rebuild compiles", "AOTI compile s", "torch.compile 1st call s", "freezing 1st call s", "bundle ÷ AOTI"]
+              "rebuild ÷ cold", "rebuild compiles", "AOTI compile s", "torch.compile 1st call s", "freezing 1st call s", "bundle ÷ AOTI",
+              "load at builds"]
 
 
 def build_row(result: dict) -> list[str]:
@@ -132,7 +133,13 @@ def build_row(result: dict) -> list[str]:
             fmt_pct(rb["build_s"] / cold) if rb.get("build_s") and cold else "-",
             str(rb.get("candidate_compiles", "-")), fmt_s(aoti),
             fmt_s(res.get("compile", {}).get("first_call_s")), fmt_s(res.get("compile_freeze", {}).get("first_call_s")),
-            fmt_ratio(cold / aoti) if cold and aoti else "-"]
+            fmt_ratio(cold / aoti) if cold and aoti else "-", _build_load(res)]
+
+
+def _build_load(res: dict) -> str:
+    """The 1-minute load average when the bundle and AOTI builds started (builds are timed once)."""
+    loads = [res[c]["load_at_build"][0] for c in ("aoti", "bundleN", "bundle1") if res.get(c, {}).get("load_at_build")]
+    return "-" if not loads else " / ".join(f"{v:.1f}" for v in loads)
 
 
 def cold_rows(result: dict) -> tuple[list[str], list[list[str]]]:
