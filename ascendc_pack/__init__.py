@@ -9,6 +9,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import warnings  # noqa: E402
+
+# torch warns "Failed to initialize NumPy" when it first touches its numpy bridge (during
+# torch.export) in an install without numpy; the compiler never uses that bridge.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
 from .capture import Captured, capture  # noqa: E402
 from .errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402
 from .loader import LoadedModel, load_model_file  # noqa: E402

@@ -41,6 +41,7 @@ from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, descri
 from .config import BuildConfig
 from .errors import PackError
 from .program import ModelProgram, dtype_name
+from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from .render import (GRAPH_ABI_VERSION, GraphLibrary, GraphSource, KernelRef, compile_graph,
@@ -249,9 +250,9 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         p = model.program
         mutated_values = {v: k for k, v in model.mutations.items()}
         outputs = []
-        for o in model.user_outputs:
+        for o, out_name in zip(model.user_outputs, model.output_names):
             spec = p.values[o]
-            entry = {"name": o, "shape": list(spec.shape), "dtype": spec.dtype}
+            entry = {"name": out_name, "shape": list(spec.shape), "dtype": spec.dtype}
             if o in mutated_values:
                 entry["input_index"] = model.user_inputs.index(mutated_values[o])
             outputs.append(entry)
@@ -276,7 +277,8 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
             "outputs": outputs,
             "mutations": [{"input": k, "index": model.user_inputs.index(k), "value": v}
                           for k, v in model.mutations.items()],
-            "out_spec": model.out_spec,
+            "out_spec": plain_treespec(model.out_tree),
+            "out_tree": model.out_tree,
             "weights": {"file": WEIGHTS_FILE, "alignment": WEIGHT_ALIGNMENT, "tensors": weight_entries},
             "graph": {
                 "library": GRAPH_LIBRARY, "source": GRAPH_SOURCE, "namespace": graph_src.namespace,

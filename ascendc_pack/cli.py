@@ -12,6 +12,26 @@ from . import __version__
 from .errors import PackError
 
 
+class PositiveInt(click.ParamType):
+    """An integer >= 1 (shown as INTEGER in --help)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is not a positive integer", param, ctx)
+        return number
+
+
+POSITIVE_INT = PositiveInt()
+
+
 def _fail(exc: Exception) -> None:
     click.secho(f"error: {exc}", fg="red", err=True)
     sys.exit(1)
@@ -30,7 +50,9 @@ def main(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the program as JSON instead of text.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Run the reference executor on the example and calibration inputs and compare with eager.")
-def capture(model_file: str, as_json: bool, check: bool) -> None:
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of --check (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of --check (default: per dtype).")
+def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
     """Capture MODEL_FILE with torch.export and print its Program.
 
     With --check (the default) the reference executor runs the Program on every input set and
@@ -47,10 +69,14 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
         else:
             from .program import dump
 
+            from .fuse import fuse
+            from .program import fusion_summary
+
             click.echo(dump(captured.model), nl=False)
+            click.echo(fusion_summary(fuse(captured.model)))
             click.echo(f"captured in {elapsed:.2f} s")
         if check:
-            for report in check_reference(loaded, captured):
+            for report in check_reference(loaded, captured, atol=atol, rtol=rtol):
                 click.echo(report, err=as_json)
     except PackError as exc:
         _fail(exc)
@@ -58,16 +84,20 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
 
 @main.command()
 @click.argument("model_file", type=str)
-@click.option("--topn", default=None, help="Candidates per fused kernel, 1-10 (env TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN; default 1 = no PGO).")
+@click.option("--topn", default=None, type=POSITIVE_INT, help="Candidates per fused kernel, 1-10 (env TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN; default 1 = no PGO).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Bundle path (default: <model name>.ascpack).")
-@click.option("--cores", default=None, help="Core limit: every kernel's block_dim <= N (default: all cores).")
-@click.option("--cache-dir", default=None, help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
-@click.option("--jobs", default=None, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
+@click.option("--cores", default=None, type=POSITIVE_INT, help="Core limit: every kernel's block_dim <= N (default: all cores).")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
+@click.option("--jobs", default=None, type=POSITIVE_INT, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
 @click.option("--backend", default=None, help="Target device backend (default cpu; the only one so far).")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug):
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Load the new bundle and compare it with eager on the example and calibration inputs before writing it.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug, verify, atol, rtol):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
@@ -78,7 +108,8 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debu
     try:
         t0 = time.perf_counter()
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
-                            jobs=jobs, march=march, debug=debug, backend=backend, progress=True)
+                            jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
+                            verify=verify, atol=atol, rtol=rtol)
     except PackError as exc:
         _fail(exc)
         return

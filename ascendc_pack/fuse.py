@@ -17,6 +17,7 @@ stays an ATen step. The result is a Program whose ``FusedStep.kernel`` holds the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -632,11 +633,7 @@ def _toposort(steps: list[Step], inputs: list[str]) -> list[Step]:
 
 def fuse(model: ModelProgram) -> ModelProgram:
     """Fuse a captured model's Program (stage 2 of the pipeline)."""
-    return ModelProgram(
-        name=model.name, program=fuse_program(model.program), weights=model.weights,
-        weight_fqns=model.weight_fqns, user_inputs=model.user_inputs, mutations=model.mutations,
-        user_outputs=model.user_outputs, out_spec=model.out_spec,
-    )
+    return dataclasses.replace(model, program=fuse_program(model.program))
 
 
 __all__ = ["fuse", "fuse_program", "is_fusible", "Fuser", "Analysis"]

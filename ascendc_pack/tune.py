@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import platform
 import statistics
 import weakref
@@ -42,7 +43,7 @@ from .autotune import AutotuneError, CandidateFailed, Protocol, select
 from .backend import Backend, get_backend
 from .cache import atomic_write_text
 from .candidate import Candidate
-from .choice import CandidateResult, KernelChoice, KernelFallback
+from .choice import CandidateResult, KernelChoice, KernelFallback, MeasurementQuality
 from .compiler import CompileCounts, host_cpu_flags
 from .config import host_cores
 from .executor import run_model, run_reference_fused
@@ -75,19 +76,37 @@ def host_fingerprint() -> dict:
 def summary_table(choices: dict[str, KernelChoice], fallbacks: dict[str, KernelFallback] | None = None) -> str:
     """The build summary: kernel, #candidates, best index, best us, candidate-0 us, speedup,
     visited; a kernel that fell back to ATen shows ``aten`` as its best index."""
-    head = f"{'kernel':<44} {'cands':>5} {'best':>4} {'best us':>9} {'cand0 us':>9} {'speedup':>7} visited"
+    head = f"{'kernel':<44} {'cands':>5} {'best':>4} {'best':>10} {'cand0':>10} {'speedup':>8} visited"
     lines = [head, "-" * len(head)]
-    fmt = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"  # noqa: E731
+    fmt = lambda v: f"{format_us(v):>10}" if v is not None else f"{'-':>10}"  # noqa: E731
+    unstable = []
     for name, ch in choices.items():
         best = ch.results[ch.chosen_index].median_us if ch.results else None
         c0 = ch.results[0].median_us if ch.results else None
         speed = f"{c0 / best:.2f}x" if best and c0 else "-"
+        if ch.quality is not None and not ch.quality.stable:
+            speed += "?"
+            unstable.append(ch.quality)
         lines.append(f"{name[:44]:<44} {len(ch.results):>5} {ch.chosen_index:>4} {fmt(best)} {fmt(c0)} "
-                     f"{speed:>7} {'yes' if ch.visited else 'no'}")
+                     f"{speed:>8} {'yes' if ch.visited else 'no'}")
     for name, fb in (fallbacks or {}).items():
-        lines.append(f"{name[:44]:<44} {len(fb.results):>5} {'aten':>4} {fmt(None)} {fmt(None)} {'-':>7} "
+        lines.append(f"{name[:44]:<44} {len(fb.results):>5} {'aten':>4} {fmt(None)} {fmt(None)} {'-':>8} "
                      f"{'yes' if fb.visited else 'no'}  (fell back to ATen: {fb.reason})")
+    if unstable:
+        worst = max(unstable, key=lambda q: (q.load / q.cores, q.spread))
+        lines.append(f"? timings of {len(unstable)} kernel(s) were unstable ({worst.describe()}): these "
+                     "speedups may be noise, not measurements; rebuild on a quiet machine (check `uptime`) "
+                     "with a fresh --cache-dir to re-tune")
     return "\n".join(lines)
+
+
+def format_us(us: float) -> str:
+    """A duration given in microseconds, in the unit that keeps it short: 23.4 us, 97.76 ms, 1.20 s."""
+    if us < 1e3:
+        return f"{us:.1f} us"
+    if us < 1e6:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us / 1e6:.2f} s"
 
 
 @dataclass
@@ -101,6 +120,7 @@ class _State:
     results: list[CandidateResult] | None = None
     from_cache: bool = False
     profiled: bool = False          # verified and timed in this process
+    quality: MeasurementQuality | None = None
 
     @property
     def decided(self) -> bool:
@@ -220,6 +240,7 @@ class PythonModeModule:
             return
         state.results = results
         state.chosen = index
+        state.quality = MeasurementQuality.from_json(tuning.get("quality"))
         state.visited = bool(tuning.get("visited", True))
         state.from_cache = True
         log.info("kernel %s: cached choice, best kernel index: %d", name, index)
@@ -286,7 +307,11 @@ class PythonModeModule:
                         "steps (correct, but not a tuned kernel). Reasons are in %s", kc.name, kd.tuning_json)
         else:
             state.chosen = sel.best
+            state.quality = MeasurementQuality.assess(state.results, sel.best, os.getloadavg()[0], host_cores())
             log.info("Autotune completed %s, best kernel index: %d", kc.name, sel.best)
+            if not state.quality.stable:
+                log.warning("kernel %s: timings are unstable (%s); the choice may be noise: re-tune on a "
+                            "quiet machine", kc.name, state.quality.describe())
 
     def _persist(self, state: _State, timed: bool, rounds: int = 0, number: int = 0) -> None:
         """Write tuning.json and optimize_tiling atomically (the caller holds compile.lock);
@@ -310,6 +335,8 @@ class PythonModeModule:
             if timed else "single candidate: no profiling",
             "host": host_fingerprint(), "candidates": cands,
         }
+        if state.quality is not None:
+            tuning["quality"] = state.quality.to_json()
         atomic_write_text(kd.tuning_json, json.dumps(tuning, indent=1))
         if chosen is not None:
             atomic_write_text(kd.optimize_tiling, chosen.optimize_tiling_text)
@@ -332,7 +359,8 @@ class PythonModeModule:
             results = st.results or [CandidateResult(c.candidate, error=e)
                                      for c, e in zip(kc.compiled.candidates, st.errors)]
             out[name] = KernelChoice(name=name, spec=kc.step.kernel, chosen_index=index, candidate=cc.candidate,
-                                     so_path=cc.so_path, visited=st.visited or st.from_cache, results=results)
+                                     so_path=cc.so_path, visited=st.visited or st.from_cache, results=results,
+                                     quality=st.quality)
         return out
 
     def fallbacks(self) -> dict[str, KernelFallback]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ascendc_pack import compiler as comp
+from ascendc_pack import toolchain as tc
 from ascendc_pack.cache import (KernelDir, LockTimeoutError, atomic_write_bytes, atomic_write_text,
                                 kernel_lock, stable_hash)
 from ascendc_pack.candidate import Candidate
@@ -168,12 +169,12 @@ def test_compiler_identity():
 def test_native_turns_off_features_the_host_does_not_list(monkeypatch):
     """A hypervisor may hide a CPUID feature from /proc/cpuinfo (seen: rdseed); -march=native
     must not use it, or the runtime refuses every native bundle on the build host itself."""
-    comp._target_flags.cache_clear()
-    comp._isa_features.cache_clear()
+    tc._target_flags.cache_clear()
+    tc._isa_features.cache_clear()
     full = set(comp.isa_features("native"))
-    monkeypatch.setattr(comp, "host_cpu_flags", lambda: full - {"avx2", "sse4_1"})
-    comp._target_flags.cache_clear()
-    comp._isa_features.cache_clear()
+    monkeypatch.setattr(tc, "host_cpu_flags", lambda: full - {"avx2", "sse4_1"})
+    tc._target_flags.cache_clear()
+    tc._isa_features.cache_clear()
     try:
         flags = comp.target_flags("native")
         assert flags[0] == "-march=native" and "-mno-avx2" in flags and "-mno-sse4.1" in flags
@@ -181,8 +182,8 @@ def test_native_turns_off_features_the_host_does_not_list(monkeypatch):
         assert "avx2" not in feats and "sse4_1" not in feats and feats <= full
         assert comp.target_flags("x86-64-v3") == ["-march=x86-64-v3"]
     finally:
-        comp._target_flags.cache_clear()
-        comp._isa_features.cache_clear()
+        tc._target_flags.cache_clear()
+        tc._isa_features.cache_clear()
 
 def test_isa_features():
     feats = comp.isa_features("native")

@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from .bundle import (GRAPH_LIBRARY, Extracted, open_bundle)
 from .errors import GraphLoadError, KernelMismatchError, ManifestFieldError
+from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
 
 GRAPH_ABI_VERSION = 1
@@ -63,6 +64,32 @@ class TensorSpec:
 
     def __str__(self) -> str:
         return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+
+
+def _output_builder(manifest: dict, name: str, n_outputs: int):
+    """Rebuilds the model's output structure from the flat outputs of the graph.
+
+    ``out_tree`` (namedtuples, dicts, ...) when the bundle has it; else torch's ``out_spec``
+    (bundles from before ``out_tree``); a flat tuple, with a warning, when neither can be used."""
+    tree = manifest.get("out_tree")
+    if tree is not None:
+        try:
+            builder = OutputBuilder(tree)
+        except ValueError as e:
+            raise ManifestFieldError(f"manifest.json: field 'out_tree' is malformed ({e}); the bundle is "
+                                     "corrupt: rebuild it", field="out_tree", fix="rebuild the bundle") from None
+        if builder.n_leaves != n_outputs:
+            raise ManifestFieldError(f"manifest.json: field 'out_tree' holds {builder.n_leaves} tensors but "
+                                     f"'outputs' lists {n_outputs}; the bundle is corrupt: rebuild it",
+                                     field="out_tree", fix="rebuild the bundle")
+        return builder
+    try:
+        spec = pytree.treespec_loads(manifest["out_spec"])
+    except Exception as e:  # noqa: BLE001 - e.g. a container type that is not importable here
+        warnings.warn(f"cannot rebuild the output structure of {name!r} ({e}); calls return a "
+                      "flat tuple of tensors", RuntimeWarning, stacklevel=4)
+        return tuple
+    return lambda flat: pytree.tree_unflatten(flat, spec)
 
 
 def _load_weights(directory: Path, manifest: dict) -> list[torch.Tensor]:
@@ -139,12 +166,7 @@ class Model:
         for i, o in enumerate(m["outputs"]):
             if o.get("input_index") is not None:
                 self._aliases[i] = int(o["input_index"])
-        try:
-            self._spec = pytree.treespec_loads(m["out_spec"])
-        except Exception as e:  # noqa: BLE001 - e.g. a namedtuple type that is not importable here
-            warnings.warn(f"cannot rebuild the output structure of {self.name!r} ({e}); calls return a "
-                          "flat tuple of tensors", RuntimeWarning, stacklevel=3)
-            self._spec = None
+        self._build_outputs = _output_builder(m, self.name, len(self.output_specs))
         self._handle = None
         self._ops = None
         weights = _load_weights(self.directory, m)
@@ -220,10 +242,7 @@ class Model:
         return flat
 
     def __call__(self, *inputs):
-        flat = self.run_flat(*inputs)
-        if self._spec is None:
-            return tuple(flat)
-        return pytree.tree_unflatten(flat, self._spec)
+        return self._build_outputs(self.run_flat(*inputs))
 
     def close(self) -> None:
         """Release the graph state (planned buffers, kernel libraries). Idempotent."""
