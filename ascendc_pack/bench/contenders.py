@@ -135,42 +135,20 @@ def flat_outputs(out) -> list:
 def compare(expected: list, actual: list, expected64: list | None = None) -> tuple[str, float | None]:
     """("ok" | "wrong: ...", max abs error) of flattened outputs, by the project's accuracy rule
     (``ascendc_pack_runtime.accuracy``: dtype- and magnitude-aware, float64 second look)."""
-    try:
-        from ascendc_pack_runtime.accuracy import check_outputs, first_problem
-    except ImportError:  # before the accuracy rule landed: atol = rtol = 1e-3
-        return _compare_fixed(expected, actual)
-    names = [f"output {i}" for i in range(len(expected))]
-    tensors = [(e, a) for e, a in zip(expected, actual) if isinstance(e, torch.Tensor)]
+    from ascendc_pack_runtime.accuracy import check_outputs, first_problem
+
+    if len(expected) != len(actual):
+        return f"wrong: {len(actual)} outputs, eager has {len(expected)}", None
     for i, (e, a) in enumerate(zip(expected, actual)):
         if not isinstance(e, torch.Tensor) and e != a:
             return f"wrong: output {i} is {a!r}, eager {e!r}", None
-    if len(expected) != len(actual):
-        return f"wrong: {len(actual)} outputs, eager has {len(expected)}", None
-    checks = check_outputs([n for n, e in zip(names, expected) if isinstance(e, torch.Tensor)],
-                           [e for e, _ in tensors], [torch.as_tensor(a) for _, a in tensors],
-                           [r for r in expected64 if isinstance(r, torch.Tensor)] if expected64 else None)
+    idx = [i for i, e in enumerate(expected) if isinstance(e, torch.Tensor)]
+    refs = [expected64[i] for i in idx] if expected64 and len(expected64) == len(expected) else None
+    checks = check_outputs([f"output {i}" for i in idx], [expected[i] for i in idx],
+                           [torch.as_tensor(actual[i]) for i in idx], refs)
     problem = first_problem(checks)
     finite = [c.max_error for c in checks if c.max_error != float("inf")]
     return (f"wrong: {problem}" if problem else "ok"), (max(finite) if finite else None)
-
-
-def _compare_fixed(expected: list, actual: list) -> tuple[str, float | None]:
-    if len(expected) != len(actual):
-        return f"wrong: {len(actual)} outputs, eager has {len(expected)}", None
-    worst, problem = 0.0, None
-    for i, (e, a) in enumerate(zip(expected, actual)):
-        if not isinstance(e, torch.Tensor):
-            if e != a:
-                problem = problem or f"wrong: output {i} is {a!r}, eager {e!r}"
-            continue
-        a = torch.as_tensor(a)
-        if tuple(a.shape) != tuple(e.shape):
-            return f"wrong: output {i} has shape {list(a.shape)}, eager {list(e.shape)}", None
-        diff = (a.double() - e.double()).abs().nan_to_num(0.0)
-        worst = max(worst, diff.max().item() if diff.numel() else 0.0)
-        if not torch.allclose(a.to(e.dtype), e, atol=1e-3, rtol=1e-3, equal_nan=True):
-            problem = problem or f"wrong: output {i} differs from eager (max abs diff {worst:.3g})"
-    return problem or "ok", worst
 
 
 def reference(model_file: str, data: str) -> dict:
