@@ -389,7 +389,7 @@ def test_run_all_writes_report(write_model, tmp_path):
     model = write_model(TINY, "tiny.py")
     out = tmp_path / "PERF.md"
     _run_all().main(["--models", str(model), "--contenders", "eager", "--same-process", "--repeat", "1",
-                     "--cold-runs", "0", "--sample-ms", "1", "--no-contention", "--no-rebuild", "--out", str(out)])
+                     "--cold-runs", "0", "--sample-ms", "1", "--no-contention", "--no-rebuild", "--no-chart", "--out", str(out)])
     text = out.read_text()
     assert "## Machine" in text and "run_all.py --models" in text and "### tiny" in text
     assert "| eager |" in text and "vector ISA flags" in text and "load average at start" in text
