@@ -22,7 +22,7 @@ from .errors import ConfigError
 if TYPE_CHECKING:  # types only: the implementations import the stages, this module must not
     import torch
 
-    from ascendc_pack_runtime.kernels import FusedKernel
+    from .kernels import FusedKernel
 
     from .compiler import CompiledKernel, KernelBuild
     from .config import BuildConfig

@@ -14,10 +14,11 @@ from typing import Callable
 import torch
 
 from ascendc_pack_runtime import bundle as runtime_bundle
-from ascendc_pack_runtime.kernels import FusedKernel, KernelLibrary
+from ascendc_pack_runtime.kernels import KernelLibrary
 
 from . import autotune, codegen, compiler, verify
 from .compiler import CompiledKernel, KernelBuild
+from .kernels import FusedKernel
 from .config import BuildConfig
 from .tiling import Target, Tiling
 

@@ -40,6 +40,7 @@ from .choice import KernelChoice
 from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, describe_library, isa_features, package_version
 from .config import BuildConfig
 from .errors import PackError
+from .kernels import kernel_uses
 from .program import ModelProgram, dtype_name
 from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
@@ -204,6 +205,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         raise BundleWriteError(f"no KernelChoice for fused kernel(s) {', '.join(missing)}; tune (or pick "
                                "candidate 0 of) every fused kernel of the program")
     names = sorted(steps)
+    uses = kernel_uses(model.program)  # identical kernels share one entry and one library
     refs: dict[str, KernelRef] = {}
     kernel_files: list[tuple[str, Path]] = []
     kernel_entries = []
@@ -224,14 +226,14 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                    f"block_dim {info['block_dim']}, the choice says {cand.workspace} / "
                                    f"{cand.block_dim}; rebuild")
         member = kernel_member(name, cand.kernel_key)
-        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel["inputs"]),
-                               len(step.kernel["outputs"]))
+        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel.inputs),
+                               len(step.kernel.outputs))
         kernel_files.append((member, so))
         kernel_entries.append({
             "name": name, "kernel_key": cand.kernel_key, "tiling_repr": cand.tiling_repr,
             "workspace": cand.workspace, "block_dim": cand.block_dim, "file": member,
             "visited": bool(ch.visited), "chosen_index": ch.chosen_index,
-            "candidates": _candidates_json(ch),
+            "candidates": _candidates_json(ch), "uses": uses[name],
         })
 
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .candidate import Candidate
+from .fusion_ir import KernelSpec
 
 
 @dataclass
@@ -93,7 +94,7 @@ class KernelChoice:
     """
 
     name: str
-    spec: dict
+    spec: KernelSpec
     chosen_index: int
     candidate: Candidate
     so_path: Path

@@ -1,6 +1,6 @@
 """Render one candidate of a fused kernel to C++ (templates/kernel/fused.cpp.j2).
 
-The generator turns a kernel spec (:mod:`ascendc_pack.kernel_spec`) and a tiling into plain
+The generator turns a kernel spec (:class:`ascendc_pack.fusion_ir.KernelSpec`) and a tiling into plain
 data for the template: loop bounds, and per *pass* over the inner (reduce) axes the C
 statements of its body, its accumulators and its stores. Python writes the expressions; the
 template writes the loops for the tiling's schedule:
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import jinja2
 
+from .fusion_ir import ConstNode, KernelSpec, NodeKind
 from .ops import (BINARY, BOOL_CTYPE, COMPARISONS, COMPUTE_TYPE, FLOAT_DTYPES, LOGICAL, PREDICATES, REDUCE_COMBINE,
                   ROUNDING, STORAGE_TYPE, TERNARY, UNARY, c_literal, reduce_identity)
 
@@ -64,24 +65,24 @@ class Layout:
     inner: list[int]   # axis ids, looped inside each pass (reduce axes, or the last axis)
 
     @staticmethod
-    def of(spec: dict) -> Layout:
-        n = len(spec["axes"])
-        red = spec["reduce_axes"]
+    def of(spec: KernelSpec) -> Layout:
+        n = len(spec.axes)
+        red = spec.reduce_axes
         if red:
             return Layout([a for a in range(n) if a not in red], list(red))
         return Layout(list(range(n - 1)), [n - 1])
 
 
 def _pyconst_type(node) -> str | None:
-    return node["dtype"] if node["dtype"] in ("pyint", "pyfloat") else None
+    return node.dtype if node.dtype in ("pyint", "pyfloat") else None
 
 
 class Emitter:
     """Writes C statements for spec nodes, hoisting row-invariant ones out of the passes."""
 
-    def __init__(self, spec: dict, layout: Layout, col: bool):
+    def __init__(self, spec: KernelSpec, layout: Layout, col: bool):
         self.spec = spec
-        self.nodes = spec["nodes"]
+        self.nodes = spec.nodes
         self.layout = layout
         self.col = col
         self.inner = set(layout.inner)
@@ -96,26 +97,26 @@ class Emitter:
 
     # analysis ---------------------------------------------------------------------------------
     def _varies(self, n) -> bool:
-        if n["kind"] == "load":
-            return any(n["strides"][a] != 0 for a in self.inner)
-        if n["kind"] == "const" or n["kind"] == "reduce":
+        if n.kind is NodeKind.LOAD:
+            return any(n.strides[a] != 0 for a in self.inner)
+        if n.kind in (NodeKind.CONST, NodeKind.REDUCE):
             return False
-        return any(self.varies[a] for a in n["args"])
+        return any(self.varies[a] for a in n.args)
 
     def _stages(self) -> list[int]:
         """Per node: number of reduction stages that must finish before it can be computed."""
         st = []
         for n in self.nodes:
-            if n["kind"] in ("load", "const"):
+            if n.kind in (NodeKind.LOAD, NodeKind.CONST):
                 st.append(0)
-            elif n["kind"] == "reduce":
-                st.append(st[n["args"][0]] + 1)
+            elif n.kind is NodeKind.REDUCE:
+                st.append(st[n.args[0]] + 1)
             else:
-                st.append(max((st[a] for a in n["args"]), default=0))
+                st.append(max((st[a] for a in n.args), default=0))
         return st
 
     def ctype(self, nid: int) -> str:
-        d = self.nodes[nid]["dtype"]
+        d = self.nodes[nid].dtype
         return {"pyint": "int64_t", "pyfloat": "float"}.get(d, COMPUTE_TYPE.get(d, "float"))
 
     # expressions ------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ class Emitter:
     def value(self, nid: int, scope: dict | None) -> str:
         """C expression of node ``nid``; ``scope`` is the current pass (None = row level)."""
         n = self.nodes[nid]
-        if n["kind"] == "const" and _pyconst_type(n):
+        if n.kind is NodeKind.CONST and _pyconst_type(n):
             raise AssertionError("python constants are rendered by their consumer")
         if not self.varies[nid] or scope is None:
             if nid in self.row_memo:
@@ -153,7 +154,7 @@ class Emitter:
 
     def _bind_row(self, nid: int, expr: str) -> str:
         n = self.nodes[nid]
-        if n["kind"] == "const":
+        if n.kind is NodeKind.CONST:
             self.row_memo[nid] = expr
             return expr
         if self.col:
@@ -169,9 +170,8 @@ class Emitter:
 
     def _arg(self, aid: int, otype: str, scope) -> str:
         a = self.nodes[aid]
-        if a["kind"] == "const":
-            v = a["value"]
-            return c_literal(float(v) if isinstance(v, str) else v, otype)
+        if isinstance(a, ConstNode):
+            return c_literal(a.number, otype)
         expr = self.value(aid, scope)
         atype = self.ctype(aid)
         if atype == otype:
@@ -182,21 +182,19 @@ class Emitter:
 
     def _expr(self, nid: int, scope) -> str:
         n = self.nodes[nid]
-        kind = n["kind"]
-        if kind == "const":
-            v = n["value"]
-            return c_literal(float(v) if isinstance(v, str) else v, self.ctype(nid))
-        if kind == "load":
-            idx = self.index(n["strides"], n["offset"])
-            raw = f"in{n['input']}[{idx}]"
+        if n.kind is NodeKind.CONST:
+            return c_literal(n.number, self.ctype(nid))
+        if n.kind is NodeKind.LOAD:
+            idx = self.index(n.strides, n.offset)
+            raw = f"in{n.input}[{idx}]"
             return {"float16": f"ap_f16_to_f32({raw})", "bfloat16": f"ap_bf16_to_f32({raw})",
-                    "bool": f"({raw} != 0)"}.get(n["dtype"], raw)
-        if kind == "reduce":
+                    "bool": f"({raw} != 0)"}.get(n.dtype, raw)
+        if n.kind is NodeKind.REDUCE:
             raise AssertionError("reductions are bound when their pass finishes")
-        op, args, dtype = n["op"], n["args"], n["dtype"]
+        op, args, dtype = n.op, n.args, n.dtype
         out_t = self.ctype(nid)
         if op == "cast":
-            src = self.value(args[0], scope) if self.nodes[args[0]]["kind"] != "const" else \
+            src = self.value(args[0], scope) if self.nodes[args[0]].kind is not NodeKind.CONST else \
                 self._arg(args[0], out_t, scope)
             if out_t == BOOL_CTYPE:
                 expr = f"({src} != 0)"
@@ -216,15 +214,15 @@ class Emitter:
         elif op == "pow" and out_t not in ("float", "double"):
             a, b = (self._arg(x, out_t, scope) for x in args)
             e = self.nodes[args[1]]
-            if e["kind"] == "const" and not isinstance(e["value"], str) and 1 <= e["value"] <= 4:
-                expr = "(" + " * ".join([a] * int(e["value"])) + ")"  # a loop-free power vectorizes
+            if isinstance(e, ConstNode) and not isinstance(e.value, str) and 1 <= e.value <= 4:
+                expr = "(" + " * ".join([a] * int(e.value)) + ")"  # a loop-free power vectorizes
             else:
                 expr = f"ap_ipow<{out_t}>({a}, {b})"
-        elif op == "pow" and self.nodes[args[1]]["kind"] == "const":
+        elif op == "pow" and self.nodes[args[1]].kind is NodeKind.CONST:
             expr = self._pow_const(args, out_t, scope)
         elif op in PREDICATES:
             a = self.nodes[args[0]]
-            expr = UNARY[op].format(a=self._arg(args[0], "float", scope) if a["kind"] == "const"
+            expr = UNARY[op].format(a=self._arg(args[0], "float", scope) if a.kind is NodeKind.CONST
                                     else self.value(args[0], scope))
         elif op in ROUNDING and out_t not in ("float", "double"):
             expr = self._arg(args[0], out_t, scope)
@@ -249,8 +247,7 @@ class Emitter:
         return expr
 
     def _pow_const(self, args, out_t, scope) -> str:
-        e = self.nodes[args[1]]["value"]
-        e = float(e) if isinstance(e, str) else e
+        e = self.nodes[args[1]].number
         a = self._arg(args[0], out_t, scope)
         special = {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"ap_sqrt({a})",
                    -1.0: f"(1 / {a})", 0.0: c_literal(1, out_t), -0.5: f"(1 / ap_sqrt({a}))"}
@@ -259,7 +256,7 @@ class Emitter:
         return f"ap_pow({a}, {c_literal(e, out_t)})"
 
     def _promote(self, args) -> str:
-        types = [self.nodes[a]["dtype"] for a in args]
+        types = [self.nodes[a].dtype for a in args]
         if "float64" in types:
             return "double"
         if any(t in FLOAT_DTYPES for t in types) or "pyfloat" in types:
@@ -277,16 +274,16 @@ def _store(out_index: int, dtype: str, index: str, value: str) -> str:
     return f"out{out_index}[{index}] = {conv};"
 
 
-def plan_passes(spec: dict, em: Emitter) -> list[dict]:
+def plan_passes(spec: KernelSpec, em: Emitter) -> list[dict]:
     """Group reductions and stores into passes; emit row statements between them."""
-    nodes = spec["nodes"]
-    reductions = [n["id"] for n in nodes if n["kind"] == "reduce"]
+    nodes = spec.nodes
+    reductions = [n.id for n in spec.reductions]
     n_stages = max((em.stage[r] for r in reductions), default=0)
     # an output is stored in a pass when its value or its store index varies over the inner axes
     # (a value broadcast along them, e.g. an expanded input or a constant, still needs the loop)
-    full = [em.varies[o["node"]] or any(o["strides"][a] != 0 for a in em.inner) for o in spec["outputs"]]
-    full_outs = [(j, o) for j, o in enumerate(spec["outputs"]) if full[j]]
-    row_outs = [(j, o) for j, o in enumerate(spec["outputs"]) if not full[j]]
+    full = [em.varies[o.node] or any(o.strides[a] != 0 for a in em.inner) for o in spec.outputs]
+    full_outs = [(j, o) for j, o in enumerate(spec.outputs) if full[j]]
+    row_outs = [(j, o) for j, o in enumerate(spec.outputs) if not full[j]]
     sections: list[dict] = []
 
     def flush_row(stores=()):
@@ -296,7 +293,7 @@ def plan_passes(spec: dict, em: Emitter) -> list[dict]:
 
     for s in range(n_stages + 1):
         reds = [r for r in reductions if em.stage[r] == s + 1]
-        stores = [(j, o) for j, o in full_outs if em.stage[o["node"]] == s]
+        stores = [(j, o) for j, o in full_outs if em.stage[o.node] == s]
         if not reds and not stores:
             continue
         scope = {"memo": {}, "lines": []}
@@ -305,16 +302,16 @@ def plan_passes(spec: dict, em: Emitter) -> list[dict]:
         for r in reds:
             node = nodes[r]
             acc_t = em.ctype(r)
-            v = em._arg(node["args"][0], acc_t, scope)
-            accs.append({"id": r, "type": acc_t, "kind": node["op"], "value": v,
-                         "identity": reduce_identity(node["op"], acc_t),
-                         "combine": REDUCE_COMBINE[node["op"]],
-                         "wide": acc_t == "float" and node["op"] in ("sum", "mean"),
-                         "count": node.get("count", 1), "rnd": ROUND_FN.get(node["dtype"], "")})
+            v = em._arg(node.args[0], acc_t, scope)
+            accs.append({"id": r, "type": acc_t, "kind": node.op, "value": v,
+                         "identity": reduce_identity(node.op, acc_t),
+                         "combine": REDUCE_COMBINE[node.op],
+                         "wide": acc_t == "float" and node.op in ("sum", "mean"),
+                         "count": 1 if node.count is None else node.count, "rnd": ROUND_FN.get(node.dtype, "")})
         store_lines = []
         for j, o in stores:
-            val = em._arg(o["node"], COMPUTE_TYPE[o["dtype"]], scope)
-            store_lines.append(_store(j, o["dtype"], em.index(o["strides"], 0), val))
+            val = em._arg(o.node, COMPUTE_TYPE[o.dtype], scope)
+            store_lines.append(_store(j, o.dtype, em.index(o.strides, 0), val))
         flush_row()
         sections.append({"kind": "pass", "body": scope["lines"], "accs": accs, "stores": store_lines})
         for acc in accs:  # the reduced value becomes a row-level value
@@ -323,13 +320,13 @@ def plan_passes(spec: dict, em: Emitter) -> list[dict]:
                 em.row_decls.append(f"{acc['type']} t{acc['id']}[TX];")
     row_stores = []
     for j, o in row_outs:
-        val = em._arg(o["node"], COMPUTE_TYPE[o["dtype"]], None)
-        row_stores.append(_store(j, o["dtype"], em.index(o["strides"], 0), val))
+        val = em._arg(o.node, COMPUTE_TYPE[o.dtype], None)
+        row_stores.append(_store(j, o.dtype, em.index(o.strides, 0), val))
     flush_row(row_stores)
     return sections
 
 
-def render_kernel(spec: dict, tiling: dict, kernel_key: str, tiling_repr: str, workspace: int,
+def render_kernel(spec: KernelSpec, tiling: dict, kernel_key: str, tiling_repr: str, workspace: int,
                   block_dim: int, isa: str) -> str:
     """C++ source of one candidate (a static kernel: the tiling is compiled in)."""
     layout = Layout.of(spec)
@@ -338,15 +335,15 @@ def render_kernel(spec: dict, tiling: dict, kernel_key: str, tiling_repr: str, w
         layout = Layout(layout.outer, layout.inner)
     em = Emitter(spec, layout, col=(sched == "col"))
     sections = plan_passes(spec, em)
-    axes = spec["axes"]
+    axes = spec.axes
     outer_sizes = [axes[a] for a in layout.outer]
     inner_sizes = [axes[a] for a in layout.inner]
     n_accs = sum(len(s["accs"]) for s in sections if s["kind"] == "pass")
     ctx = {
-        "name": spec["name"], "kernel_key": kernel_key, "tiling_repr": tiling_repr,
+        "name": spec.name, "kernel_key": kernel_key, "tiling_repr": tiling_repr,
         "workspace": workspace, "block_dim": block_dim, "isa": isa,
-        "inputs": [{"type": STORAGE_TYPE[i["dtype"]]} for i in spec["inputs"]],
-        "outputs": [{"type": STORAGE_TYPE[o["dtype"]]} for o in spec["outputs"]],
+        "inputs": [{"type": STORAGE_TYPE[i.dtype]} for i in spec.inputs],
+        "outputs": [{"type": STORAGE_TYPE[o.dtype]} for o in spec.outputs],
         "outer_sizes": outer_sizes, "inner_sizes": inner_sizes,
         "rows": math.prod(outer_sizes), "sections": sections, "row_decls": em.row_decls,
         "tiling": tiling, "n_accs": n_accs, "has_reduction": n_accs > 0,

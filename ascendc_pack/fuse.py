@@ -12,22 +12,20 @@ when the merged group is still *one iteration space* and still convex in the ste
 Views of kernel inputs become strided loads (strides computed by torch on meta tensors); views
 of intermediates that only permute, insert or drop unit dims become dim maps. Anything else
 stays an ATen step. The result is a Program whose ``FusedStep.kernel`` holds the kernel spec
-(see :mod:`ascendc_pack.kernel_spec`).
+(:class:`ascendc_pack.fusion_ir.KernelSpec`, built by :mod:`ascendc_pack.lower`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
-from .kernel_spec import build_spec
-from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, SUPPORTED_DTYPES, VIEW_OPS
+from .fusion_ir import Analysis, Internal, Load, Operand
+from .lower import build_spec
+from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, SUPPORTED_DTYPES, VIEW_OPS, reduce_dims, reduce_keepdim
 from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Step
 
 MAX_GROUP_STEPS = 96
@@ -85,25 +83,6 @@ def is_fusible(step: Step, values) -> bool:
 
 
 # --- resolving operands through views ----------------------------------------------------------
-
-@dataclass
-class Internal:
-    """An operand that is (a view of) a value computed inside the group."""
-
-    value: str
-    dim_map: list  # operand dim -> source value dim, or None (unit or broadcast dim)
-
-
-@dataclass
-class Load:
-    """An operand read from memory: a kernel input with a strided view applied."""
-
-    base: str
-    shape: tuple
-    strides: tuple
-    offset: int
-    views: list = field(default_factory=list)  # names of the view steps folded in
-
 
 class Graph:
     """Producer/consumer index over one Program's steps."""
@@ -202,19 +181,6 @@ class _UnionFind:
         self.parent[rb] = ra
 
 
-@dataclass
-class Analysis:
-    """The iteration space of a group and how every value maps onto it."""
-
-    members: list[int]                  # step indices of compute steps, program order
-    axis_sizes: list[int]
-    reduce_axes: set[int]
-    value_axes: dict[str, list]         # internal value -> axis per dim (None for unit dims)
-    operands: dict[tuple, object]       # (step index, operand position) -> Internal | Load
-    outputs: list[str]                  # internal values needed outside the group
-    view_steps: list[int]               # view steps used by the group (for the reference steps)
-
-
 class Fuser:
     """Groups the fusible steps of one Program (not its cond branches)."""
 
@@ -231,17 +197,17 @@ class Fuser:
         self.analyses: dict[int, Analysis] = {}
 
     # operands ---------------------------------------------------------------------------------
-    def _layout(self, name):
+    def _layout(self, name) -> tuple[tuple, tuple, int]:
         spec = self.values[name]
         if name in self.fused_values or spec.stride is None:
-            return spec.shape, contiguous_strides(spec.shape), 0
-        return spec.shape, spec.stride, 0
+            return tuple(spec.shape), tuple(contiguous_strides(spec.shape)), 0
+        return tuple(spec.shape), tuple(spec.stride), 0
 
-    def resolve(self, name: str, members: set[int], views: list[int]):
+    def resolve(self, name: str, members: set[int], views: list[int]) -> Operand:
         """Trace an operand through views to an internal value or a strided load."""
         idx = self.g.producer.get(name)
         if idx is not None and idx in members:
-            return Internal(name, list(range(len(self.values[name].shape))))
+            return Internal(name, tuple(range(len(self.values[name].shape))))
         if idx is not None and is_view(self.g.steps[idx]):
             step = self.g.steps[idx]
             src = _first_ref(step)
@@ -251,13 +217,13 @@ class Fuser:
                 if m is None:
                     raise NotFusible(f"view {name} of an intermediate is not a dim map")
                 views.append(idx)
-                return Internal(inner.value, [None if i is None else inner.dim_map[i] for i in m])
+                return Internal(inner.value, tuple(None if i is None else inner.dim_map[i] for i in m))
             try:
                 shape, strides, offset = _apply_view_meta(step, inner.shape, inner.strides, inner.offset)
             except Exception:
                 return Load(name, *self._layout(name))
             views.append(idx)
-            return Load(inner.base, shape, strides, offset, inner.views + [name])
+            return Load(inner.base, shape, strides, offset, inner.views + (name,))
         return Load(name, *self._layout(name))
 
     # analysis ---------------------------------------------------------------------------------
@@ -274,7 +240,7 @@ class Fuser:
                 src = op.dim_map[dim]
                 return None if src is None else ("v", op.value, src)
             # identical loads of one input share their dims (so a row read by two passes is one axis)
-            return ("l", (op.base, op.shape, op.strides, op.offset), dim)
+            return ("l", op.layout_key, dim)
 
         for i in members:
             step = self.g.steps[i]
@@ -300,8 +266,8 @@ class Fuser:
                 src_ref = refs[0]
                 op = ops_resolved[0]
                 sshape = op.shape if isinstance(op, Load) else self.values[src_ref].shape
-                rdims = _reduce_dims(step, len(sshape))
-                keep = bool(_keepdim(step))
+                rdims = reduce_dims(step, len(sshape))
+                keep = reduce_keepdim(step)
                 red = set()
                 j = 0
                 for d, size in enumerate(sshape):
@@ -363,8 +329,8 @@ class Fuser:
         load_orders = []
         for op in operands.values():
             if isinstance(op, Load):
-                dims = [(op.strides[d], axis_of[("l", (op.base, op.shape, op.strides, op.offset), d)])
-                        for d in range(len(op.shape)) if ("l", (op.base, op.shape, op.strides, op.offset), d) in axis_of]
+                dims = [(op.strides[d], axis_of[("l", op.layout_key, d)])
+                        for d in range(len(op.shape)) if ("l", op.layout_key, d) in axis_of]
                 load_orders.append([a for _, a in sorted(dims, key=lambda sa: -sa[0])])
         order = _axis_order(value_dims, sizes, raxes, load_orders)
         remap = {a: k for k, a in enumerate(order)}
@@ -372,14 +338,14 @@ class Fuser:
         raxes = {remap[a] for a in raxes}
         value_dims = {v: [None if a is None else remap[a] for a in dims] for v, dims in value_dims.items()}
         # loads: attach axes per dim
-        for key, op in operands.items():
+        for pos, op in operands.items():
             if isinstance(op, Load):
-                key = (op.base, op.shape, op.strides, op.offset)
-                op.axes = [None if axis_of.get(("l", key, d)) is None else remap[axis_of[("l", key, d)]]
-                           for d in range(len(op.shape))]
-                present = [a for a in op.axes if a is not None]
+                axes = tuple(None if axis_of.get(("l", op.layout_key, d)) is None
+                             else remap[axis_of[("l", op.layout_key, d)]] for d in range(len(op.shape)))
+                present = [a for a in axes if a is not None]
                 if len(set(present)) != len(present):
                     raise NotFusible("two dims of one load on one axis")
+                operands[pos] = replace(op, axes=axes)
         # outputs
         outputs = []
         kept = set(range(len(sizes))) - raxes
@@ -392,7 +358,7 @@ class Fuser:
                 if axes & raxes and not raxes <= axes:
                     raise NotFusible(f"output {out} covers part of the reduce axes")
                 outputs.append(out)
-        return Analysis(members=sorted(members), axis_sizes=sizes, reduce_axes=raxes,
+        return Analysis(members=sorted(members), axis_sizes=sizes, reduce_axes=frozenset(raxes),
                         value_axes=value_dims, operands=operands, outputs=outputs,
                         view_steps=sorted(set(view_steps)))
 
@@ -500,27 +466,6 @@ class Fuser:
         return bool(ins(a) & ins(b))
 
 
-def _reduce_dims(step: AtenStep, rank: int) -> set[int]:
-    op = step.op
-    if op.endswith(".default") and op not in ("aten.amax.default", "aten.amin.default"):
-        return set(range(rank))
-    dims = step.args[1] if len(step.args) > 1 else step.kwargs.get("dim")
-    if dims is None or (isinstance(dims, list) and len(dims) == 0):
-        return set(range(rank))
-    if isinstance(dims, int):
-        dims = [dims]
-    return {d % rank for d in dims}
-
-
-def _keepdim(step: AtenStep) -> bool:
-    op = step.op
-    if op.endswith(".default") and op not in ("aten.amax.default", "aten.amin.default"):
-        return False
-    if len(step.args) > 2 and isinstance(step.args[2], bool):
-        return step.args[2]
-    return bool(step.kwargs.get("keepdim", False))
-
-
 def _axis_order(value_dims, sizes, raxes, load_orders=()) -> list[int]:
     """Axes in the dim order of the value spanning the most axes (a load's memory order when a
     load spans more, e.g. under a full reduction); kept axes first."""
@@ -594,17 +539,9 @@ def _make_fused_step(fuser: Fuser, an: Analysis) -> FusedStep:
             inputs.append(op.base)
     ref_steps = sorted(set(an.members) | set(an.view_steps))
     layouts = {n: fuser._layout(n)[1] for n in inputs}
-    spec = build_spec(an, [g.steps[i] for i in an.members], inputs, fuser.values, layouts)
-    digest = hashlib.md5(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    ops = []
-    for i in an.members:
-        name = g.steps[i].op.split(".")[1].lstrip("_")
-        if name not in ops:
-            ops.append(name)
-    label = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "")
-    name = f"fused_{label}_{digest[:10]}"
-    spec["name"] = name
-    return FusedStep(name=name, inputs=inputs, outputs=list(an.outputs),
+    # named after the computation alone: every step computing the same shares the kernel
+    spec = build_spec(an, [g.steps[i] for i in an.members], inputs, fuser.values, layouts).named()
+    return FusedStep(name=spec.name, inputs=inputs, outputs=list(an.outputs),
                      steps=[g.steps[i] for i in ref_steps], kernel=spec)
 
 
@@ -633,7 +570,7 @@ def _toposort(steps: list[Step], inputs: list[str]) -> list[Step]:
 
 def fuse(model: ModelProgram) -> ModelProgram:
     """Fuse a captured model's Program (stage 2 of the pipeline)."""
-    return dataclasses.replace(model, program=fuse_program(model.program))
+    return replace(model, program=fuse_program(model.program))
 
 
 __all__ = ["fuse", "fuse_program", "is_fusible", "Fuser", "Analysis"]

@@ -214,8 +214,8 @@ def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
     """The fused kernel's inputs as ``(shape, stride, dtype)`` and outputs as ``(shape, dtype)``:
     the only place the planner reads the kernel spec."""
     spec = step.kernel
-    ins = [(tuple(i["shape"]), tuple(i["stride"]), i["dtype"]) for i in spec["inputs"]]
-    outs = [(tuple(o["shape"]), o["dtype"]) for o in spec["outputs"]]
+    ins = [(tuple(i.shape), tuple(i.stride), i.dtype) for i in spec.inputs]
+    outs = [(tuple(o.shape), o.dtype) for o in spec.outputs]
     return ins, outs
 
 

@@ -155,3 +155,26 @@ def c_literal(value, ctype: str) -> str:
     if isinstance(value, float):
         value = int(value)
     return f"(({ctype}){int(value)}LL)" if ctype != "int32_t" else f"((int32_t){int(value)})"
+
+
+def reduce_dims(step, rank: int) -> set[int]:
+    """The dims an ATen reduction step (``ATEN_REDUCTIONS``) reduces, for an input of ``rank``."""
+    op = step.op
+    if op.endswith(".default") and op not in ("aten.amax.default", "aten.amin.default"):
+        return set(range(rank))
+    dims = step.args[1] if len(step.args) > 1 else step.kwargs.get("dim")
+    if dims is None or (isinstance(dims, list) and len(dims) == 0):
+        return set(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return {d % rank for d in dims}
+
+
+def reduce_keepdim(step) -> bool:
+    """Whether an ATen reduction step keeps the reduced dims (as size 1)."""
+    op = step.op
+    if op.endswith(".default") and op not in ("aten.amax.default", "aten.amin.default"):
+        return False
+    if len(step.args) > 2 and isinstance(step.args[2], bool):
+        return step.args[2]
+    return bool(step.kwargs.get("keepdim", False))

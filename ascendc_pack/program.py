@@ -4,8 +4,8 @@ A :class:`Program` is what every stage after capture works on:
 
 * :class:`AtenStep` - one ATen (or prims) operator call, run by torch;
 * :class:`FusedStep` - a fused kernel; ``steps`` holds the ATen steps it replaces, so the
-  reference executor can always run it through torch, and ``kernel`` holds what the kernel
-  generator needs (filled by the fuser);
+  reference executor can always run it through torch, and ``kernel`` is the
+  :class:`~ascendc_pack.fusion_ir.KernelSpec` the kernel stages read (filled by the fuser);
 * :class:`CondStep` - ``torch.cond`` with a sub-program per branch.
 
 Values are named; ``Program.values`` gives every value's :class:`TensorSpec`. Arguments are
@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
 
 from ascendc_pack_runtime.tensor_meta import dtype_name, torch_dtype  # noqa: F401 (re-exported)
+
+from .fusion_ir import KernelSpec
 
 FORMAT_VERSION = 1
 
@@ -96,7 +98,7 @@ class FusedStep:
     inputs: list[str]
     outputs: list[str]
     steps: list[AtenStep]
-    kernel: dict = field(default_factory=dict)
+    kernel: KernelSpec
 
     kind = "fused"
 
@@ -295,7 +297,7 @@ def _step_to_json(s: Step) -> dict:
         return d
     if isinstance(s, FusedStep):
         return {"kind": "fused", "name": s.name, "inputs": s.inputs, "outputs": s.outputs,
-                "steps": [_step_to_json(x) for x in s.steps], "kernel": s.kernel}
+                "steps": [_step_to_json(x) for x in s.steps], "kernel": s.kernel.to_json()}
     return {"kind": "cond", "pred": encode_arg(s.pred), "operands": s.operands, "outputs": s.outputs,
             "then": s.then_branch.to_json(), "else": s.else_branch.to_json()}
 
@@ -308,7 +310,7 @@ def _step_from_json(d: dict) -> Step:
                         outputs=list(d["outputs"]), multi=bool(d.get("multi", False)))
     if kind == "fused":
         return FusedStep(name=d["name"], inputs=list(d["inputs"]), outputs=list(d["outputs"]),
-                         steps=[_step_from_json(x) for x in d["steps"]], kernel=dict(d["kernel"]))
+                         steps=[_step_from_json(x) for x in d["steps"]], kernel=KernelSpec.from_json(d["kernel"]))
     if kind == "cond":
         return CondStep(pred=decode_arg(d["pred"]), then_branch=Program.from_json(d["then"]),
                         else_branch=Program.from_json(d["else"]), operands=list(d["operands"]),
@@ -347,8 +349,7 @@ def dump_program(p: Program, indent: str = "  ") -> list[str]:
         elif isinstance(s, FusedStep):
             outs = ", ".join(f"%{o}" for o in s.outputs)
             ins = ", ".join(f"%{i}" for i in s.inputs)
-            family = s.kernel.get("family", "")
-            lines.append(f"{indent}{outs} = kernel {s.name}({ins})  {family}  # {typ(s.outputs)}")
+            lines.append(f"{indent}{outs} = kernel {s.name}({ins})  # {typ(s.outputs)}")
             for inner in s.steps:
                 lines.append(f"{indent}  | {_fmt_aten(inner)}")
         else:
@@ -395,6 +396,8 @@ def dump(mp: ModelProgram) -> str:
         head.append("  mutates: " + ", ".join(f"%{i} <- %{o}" for i, o in mp.mutations.items()))
     fused = mp.program.fused_steps()
     n_steps = sum(1 for _ in mp.program.walk())
-    head.append(f"  steps:   {n_steps}" + (f" ({len(fused)} fused kernels)" if fused else ""))
+    distinct = len({s.name for s in fused})  # steps computing the same share a kernel
+    shared = f", {distinct} distinct" if distinct != len(fused) else ""
+    head.append(f"  steps:   {n_steps}" + (f" ({len(fused)} fused kernels{shared})" if fused else ""))
     head.append("  outputs: " + ", ".join(f"{n}: {v[o].short()}" for n, o in zip(mp.output_names, mp.user_outputs)))
     return "\n".join(head + ["program:"] + dump_program(mp.program)) + "\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .candidate import Candidate
 from .codegen import Layout
+from .fusion_ir import KernelSpec, NodeKind
 from .ops import STORAGE_TYPE
 
 MAX_CANDIDATES = 10
@@ -46,26 +47,26 @@ class Tiling:
     est_us: float
 
 
-def _bytes(spec: dict) -> int:
+def kernel_bytes(spec: KernelSpec) -> int:
+    """Unique bytes a kernel reads (each load's distinct elements) and writes."""
     size = {"uint16_t": 2, "uint8_t": 1, "int8_t": 1, "int16_t": 2, "int32_t": 4, "float": 4,
             "double": 8, "int64_t": 8}
     total = 0
-    for n in spec["nodes"]:
-        if n["kind"] == "load":
-            elems = math.prod(s for s, st in zip(spec["axes"], n["strides"]) if st != 0)
-            total += elems * size[STORAGE_TYPE[n["dtype"]]]
-    for o in spec["outputs"]:
-        total += math.prod(o["shape"]) * size[STORAGE_TYPE[o["dtype"]]]
+    for n in spec.loads:
+        elems = math.prod(s for s, st in zip(spec.axes, n.strides) if st != 0)
+        total += elems * size[STORAGE_TYPE[n.dtype]]
+    for o in spec.outputs:
+        total += math.prod(o.shape) * size[STORAGE_TYPE[o.dtype]]
     return total
 
 
-def _flops_per_element(spec: dict) -> float:
+def _flops_per_element(spec: KernelSpec) -> float:
     heavy = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "pow", "sin", "cos"}
     cost = 0.0
-    for n in spec["nodes"]:
-        if n["kind"] == "op":
-            cost += 8.0 if n["op"] in heavy else 1.0
-        elif n["kind"] == "reduce":
+    for n in spec.nodes:
+        if n.kind is NodeKind.OP:
+            cost += 8.0 if n.op in heavy else 1.0
+        elif n.kind is NodeKind.REDUCE:
             cost += 1.0
     return cost
 
@@ -75,23 +76,23 @@ def repr_of(params: dict) -> str:
     return ";".join(f"{k}={params[k]}" for k in sorted(params))
 
 
-def _passes(spec: dict) -> int:
+def _passes(spec: KernelSpec) -> int:
     """Passes over the inner axes: one per chained reduction stage, plus the storing pass."""
     stage = {}
-    for n in spec["nodes"]:
-        deps = [stage[a] for a in n.get("args", [])]
-        stage[n["id"]] = max(deps, default=0) + (1 if n["kind"] == "reduce" else 0)
+    for n in spec.nodes:
+        deps = [stage[a] for a in n.args]
+        stage[n.id] = max(deps, default=0) + (1 if n.kind is NodeKind.REDUCE else 0)
     return max(stage.values(), default=0) + 1
 
 
-def estimate_us(spec: dict, params: dict, target: Target) -> float:
+def estimate_us(spec: KernelSpec, params: dict, target: Target) -> float:
     """Rank-only estimate of a candidate's time in microseconds."""
     layout = Layout.of(spec)
-    rows = math.prod(spec["axes"][a] for a in layout.outer)
-    inner = math.prod(spec["axes"][a] for a in layout.inner)
-    n_red = sum(1 for n in spec["nodes"] if n["kind"] == "reduce")
+    rows = math.prod(spec.axes[a] for a in layout.outer)
+    inner = math.prod(spec.axes[a] for a in layout.inner)
+    n_red = len(spec.reductions)
     bd = params["bd"]
-    nbytes = _bytes(spec)
+    nbytes = kernel_bytes(spec)
     passes = max(1, _passes(spec))
     working_set = nbytes / max(rows, 1) * (params.get("rpt", 1))
     # re-reads of a row across passes hit cache when a row fits in L2
@@ -134,19 +135,19 @@ def estimate_us(spec: dict, params: dict, target: Target) -> float:
     return t
 
 
-def _rows_contiguous(spec, layout) -> bool:
+def _rows_contiguous(spec: KernelSpec, layout: Layout) -> bool:
     if len(layout.outer) != 1:
         return False
     a = layout.outer[0]
-    strides = [n["strides"][a] for n in spec["nodes"] if n["kind"] == "load" and n["strides"][a] != 0]
+    strides = [n.strides[a] for n in spec.loads if n.strides[a] != 0]
     return bool(strides) and min(strides) == 1
 
 
-def _space(spec: dict, cores: int) -> list[dict]:
+def _space(spec: KernelSpec, cores: int) -> list[dict]:
     layout = Layout.of(spec)
-    rows = math.prod(spec["axes"][a] for a in layout.outer)
-    inner = math.prod(spec["axes"][a] for a in layout.inner)
-    has_red = bool(spec["reduce_axes"])
+    rows = math.prod(spec.axes[a] for a in layout.outer)
+    inner = math.prod(spec.axes[a] for a in layout.inner)
+    has_red = bool(spec.reduce_axes)
     bds = sorted({1, cores} | ({max(1, cores // 2)} if cores >= 4 else set()))
     out = []
     for bd in bds:
@@ -167,9 +168,9 @@ def _space(spec: dict, cores: int) -> list[dict]:
     return out
 
 
-def propose(spec: dict, target: Target, topn: int) -> list[Tiling]:
+def propose(spec: KernelSpec, target: Target, topn: int) -> list[Tiling]:
     """Candidate tilings, best (lowest estimate) first, at most ``min(topn, 10)``."""
-    n_red = sum(1 for n in spec["nodes"] if n["kind"] == "reduce")
+    n_red = len(spec.reductions)
     scored, seen = [], set()
     for params in _space(spec, target.cores):
         workspace = 64 * params["bd"] * n_red if params["sched"] == "split" else 0

@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime.kernels import FusedKernel, KernelLoadError
+from ascendc_pack_runtime.kernels import KernelLoadError
 
 from .autotune import AutotuneError, CandidateFailed, Protocol, select
 from .backend import Backend, get_backend
@@ -47,7 +47,7 @@ from .choice import CandidateResult, KernelChoice, KernelFallback, MeasurementQu
 from .compiler import CompileCounts, host_cpu_flags
 from .config import host_cores
 from .executor import run_model, run_reference_fused
-from .kernels import KernelCandidates
+from .kernels import FusedKernel, KernelCandidates
 from .program import CondStep, FusedStep, ModelProgram, Program
 from .verify import verify_candidates
 

@@ -10,10 +10,10 @@ from ascendc_pack.capture import capture
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.executor import run_model, run_reference_fused
 from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import prepare_kernels
+from ascendc_pack.kernels import FusedKernel, prepare_kernels
 from ascendc_pack.program import dump
 from ascendc_pack.verify import tolerance  # the tolerances PGO verification uses too
-from ascendc_pack_runtime.kernels import FusedKernel, KernelLibrary
+from ascendc_pack_runtime.kernels import KernelLibrary
 
 
 class Fn(torch.nn.Module):

@@ -328,9 +328,15 @@ def corpus(valid: Path) -> list[Case]:
     add("kernel_so_garbage", edited(garbage_kernel, resign=True), rt.GraphLoadError, before_load=False)
     add("kernel_key_mismatch", edited(lambda p: p.manifest["kernels"][0].update(kernel_key="0" * 32)),
         rt.KernelMismatchError, before_load=False)
-    add("io_count_mismatch", edited(lambda p: p.manifest["outputs"].append(
-        {"name": "extra", "shape": [1], "dtype": "float32"})), rt.KernelMismatchError, before_load=False)
+    add("io_count_mismatch", edited(_one_more_output), rt.KernelMismatchError, before_load=False)
     return cases
+
+
+def _one_more_output(p) -> None:
+    """A manifest that agrees with itself (outputs and out_tree) but not with its graph.so."""
+    p.manifest["outputs"].append({"name": "extra", "shape": [1], "dtype": "float32"})
+    tree = p.manifest["out_tree"]
+    p.manifest["out_tree"] = {"kind": "tuple", "items": [tree, {"kind": "leaf"}]}
 
 
 def families(cls: type) -> set[str]:

@@ -35,7 +35,7 @@ def test_inspect_summary_and_json(add_sum, runner):
     m = add_sum.report.manifest
     k = m["kernels"][0]
     for text in ("model    add_sum", f"-march={m['target']['march']}", "x: float32[32, 1024]",
-                 "y: float32[1, 1024]", "sum_1: float32[]", k["name"], k["kernel_key"], k["tiling_repr"],
+                 "y: float32[1, 1024]", "output_0: float32[]", k["name"], k["kernel_key"], k["tiling_repr"],
                  "not visited (candidate 0 kept)", "0 visited by PGO", "* #0", f"torch    {torch.__version__}",
                  "graph.so", "weights  0 tensors"):
         assert text in out, f"{text!r} missing from:\n{out}"

@@ -7,15 +7,22 @@ parity of every op family lives in ``tests/test_kernel_parity.py``.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ascendc_pack.capture import capture
+from ascendc_pack.config import BuildConfig
 from ascendc_pack.executor import run_model
 from ascendc_pack.fuse import fuse
+from ascendc_pack.fusion_ir import KernelSpec, NodeKind, ReduceNode, SpecError
+from ascendc_pack.kernels import prepare_kernels, write_benchmark_script
 from ascendc_pack.pipeline import capture_file
-from ascendc_pack.program import AtenStep, CondStep, FusedStep, Program, dump
+from ascendc_pack.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, dump
 from tests.conftest import EXAMPLE_NAMES, EXAMPLES
 from tests.kernel_check import Fn, check_all_candidates, close
 
@@ -35,16 +42,16 @@ def _aten_ops(program: Program) -> list[str]:
     return [s.op for s in program.walk() if isinstance(s, AtenStep)]
 
 
-def _reduce_nodes(kernel: dict) -> list[dict]:
-    return [n for n in kernel["nodes"] if n["kind"] == "reduce"]
+def _reduce_nodes(kernel: KernelSpec) -> list[ReduceNode]:
+    return [n for n in kernel.nodes if n.kind is NodeKind.REDUCE]
 
 
-def _normalizing(kernel: dict) -> bool:
+def _normalizing(kernel: KernelSpec) -> bool:
     """The kernel computes reductions AND writes an output that spans the reduce axes (the
     normalized rows): reduction and normalization in one kernel."""
-    red = set(kernel["reduce_axes"])
+    red = set(kernel.reduce_axes)
     return bool(_reduce_nodes(kernel)) and any(
-        red and all(o["strides"][a] != 0 or kernel["axes"][a] == 1 for a in red) for o in kernel["outputs"])
+        red and all(o.strides[a] != 0 or kernel.axes[a] == 1 for a in red) for o in kernel.outputs)
 
 
 def _check_reference(captured, fused, fn, inputs):
@@ -94,7 +101,7 @@ def test_composite_is_one_kernel(name):
     assert len(_reduce_nodes(spec)) == n_reductions, spec
     if name != "add_sum":
         assert _normalizing(spec), spec
-    assert [o["name"] for o in spec["outputs"]] == fused.program.outputs
+    assert kernels[0].outputs == fused.program.outputs
     _check_reference(captured, fused, fn, inputs)
 
 
@@ -130,7 +137,7 @@ def test_view_of_intermediate_reshape(tmp_path):
     first, second = fused.program.fused_steps()
     assert first.outputs == second.inputs, dump(fused)
     assert "aten.view.default" in [s.op for s in second.steps], dump(fused)
-    assert second.kernel["inputs"][0]["shape"] == [6, 35], second.kernel
+    assert second.kernel.inputs[0].shape == (6, 35), second.kernel
     report = check_all_candidates(fn, inputs, tmp_path, topn=2, expect_fused=2)
     assert not report.failures, report.failures
 
@@ -151,8 +158,8 @@ def test_views_of_inputs_fold_into_loads():
     captured, fused = _fused(fn, *inputs)
     (kernel,) = fused.program.fused_steps()
     assert not _aten_ops(fused.program), dump(fused)
-    loads = [n for n in kernel.kernel["nodes"] if n["kind"] == "load"]
-    assert len(loads) == 1 and loads[0]["offset"] == 1 and 0 in loads[0]["strides"], kernel.kernel
+    loads = kernel.kernel.loads
+    assert len(loads) == 1 and loads[0].offset == 1 and 0 in loads[0].strides, kernel.kernel
     _check_reference(captured, fused, fn, inputs)
 
 
@@ -207,10 +214,52 @@ def test_example_kernel_shapes(fused_examples):
     """Spot checks of what the example kernels compute."""
     _, _, fused = fused_examples["add_sum"]
     (k,) = fused.program.fused_steps()
-    assert k.kernel["axes"] == [32, 1024] and k.kernel["reduce_axes"] == [0, 1]
+    assert k.kernel.axes == (32, 1024) and k.kernel.reduce_axes == (0, 1)
     _, _, fused = fused_examples["mlp"]
     for k in fused.program.fused_steps():  # LayerNorm(+GELU) and residual+LayerNorm, rows of d
-        assert k.kernel["reduce_axes"] == [1] and len(k.kernel["outputs"]) == 1
+        assert k.kernel.reduce_axes == (1,) and len(k.kernel.outputs) == 1
     _, _, fused = fused_examples["conv_block"]
     (k,) = fused.program.fused_steps()  # BatchNorm + residual + ReLU + the spatial mean
-    assert sorted(o["name"] for o in k.kernel["outputs"]) == ["mean", "relu"]
+    assert sorted(k.outputs) == ["mean", "relu"]
+
+
+# ----------------------------------------------------------------------------- the kernel spec type
+
+def test_kernel_spec_json_round_trips(fused_examples):
+    """Every example kernel's spec survives to_json -> from_json unchanged, and the Program JSON
+    (which carries the spec) round-trips too."""
+    for name in EXAMPLE_NAMES:
+        _, _, fused = fused_examples[name]
+        for step in fused.program.fused_steps():
+            d = step.kernel.to_json()
+            assert KernelSpec.from_json(json.loads(json.dumps(d))) == step.kernel
+            assert d["name"] == step.name and step.name.endswith(step.kernel.digest()[:10])
+        assert ModelProgram.loads(fused.dumps()).dumps() == fused.dumps()
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.pop("axes"), "axes"),
+    (lambda d: d.update(version=1), "version 1"),
+    (lambda d: d["nodes"][0].update(kind="gather"), "gather"),
+    (lambda d: d["nodes"][0].update(id="0"), "not an integer"),
+    (lambda d: d["inputs"][0].update(shape=[32.0, 1024]), "not an integer"),
+])
+def test_malformed_kernel_spec_is_a_typed_error(fused_examples, edit, field):
+    _, _, fused = fused_examples["add_sum"]
+    d = json.loads(json.dumps(fused.program.fused_steps()[0].kernel.to_json()))
+    edit(d)
+    with pytest.raises(SpecError, match=field):
+        KernelSpec.from_json(d)
+
+
+def test_debug_benchmark_script_runs(tmp_path):
+    """The --debug benchmark script rebuilds the typed spec from its JSON and times every candidate."""
+    fn = lambda x: torch.softmax(x * 2, -1)  # noqa: E731
+    _, fused = _fused(fn, _randn(8, 40))
+    kernels = prepare_kernels(fused.program, BuildConfig(topn=2, cache_dir=tmp_path / "cache", jobs=2))
+    (kc,) = kernels.values()
+    script = write_benchmark_script(kc, tmp_path / "dbg")
+    run = subprocess.run([sys.executable, str(script), "--rounds", "1", "--number", "1"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("median") == len(kc.compiled.candidates), run.stdout

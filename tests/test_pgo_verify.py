@@ -41,9 +41,9 @@ def patch_renderer(monkeypatch, edit, which=lambda name, index: True):
 
     def render(spec, *args, **kwargs):
         src = real(spec, *args, **kwargs)
-        index = seen.setdefault(spec["name"], 0)
-        seen[spec["name"]] += 1
-        if not which(spec["name"], index):
+        index = seen.setdefault(spec.name, 0)
+        seen[spec.name] += 1
+        if not which(spec.name, index):
             return src
         changed = edit(src, spec)
         assert changed != src, "the edit did not apply: the kernel template changed"
@@ -60,7 +60,7 @@ def drop_y(src: str, spec) -> str:
 
 def off_by_one(src: str, spec) -> str:
     """Any float32 kernel: the first element of output 0 comes out 1.0 too large."""
-    assert spec["outputs"][0]["dtype"] == "float32"
+    assert spec.outputs[0].dtype == "float32"
     return src.replace(LAUNCH, "static int launch_impl(") + (
         "\nextern \"C\" int ap_kernel_launch(void *const *inputs, void *const *outputs, void *workspace,\n"
         "                                int32_t max_threads) {\n"

@@ -22,20 +22,23 @@ EXAMPLES = ["add_sum", "mlp", "transformer_block", "cond_model", "inplace", "con
 # ---- the kernel-spec reads (kept together: the spec's type is changing) ------------------------
 
 def kernel_bytes(spec) -> int:
-    """Unique bytes a fused kernel reads and writes, from its spec."""
-    from ..tiling import _bytes
+    """Unique bytes a kernel moves; ``spec`` is a KernelSpec or its JSON (from a build worker)."""
+    from ..fusion_ir import KernelSpec
+    from ..tiling import kernel_bytes as spec_bytes
 
-    return _bytes(spec)
+    return spec_bytes(spec if isinstance(spec, KernelSpec) else KernelSpec.from_json(spec))
 
 
 def choices_json(choices: dict) -> dict:
     """A build's kernel choices as JSON (spec included), keyed by kernel name."""
-    return {name: {"spec": ch.spec, **ch.to_json()} for name, ch in choices.items()}
+    return {name: {"spec": ch.spec.to_json(), **ch.to_json()} for name, ch in choices.items()}
 
 
 def candidate_runner(step, compiled_candidate, args: list):
     """A no-argument callable running one compiled candidate of ``step`` on ``args``."""
-    from ascendc_pack_runtime.kernels import FusedKernel, KernelLibrary
+    from ascendc_pack_runtime.kernels import KernelLibrary
+
+    from ..kernels import FusedKernel
 
     k = FusedKernel(step.kernel, KernelLibrary(compiled_candidate.so_path, compiled_candidate.candidate.kernel_key))
     ins, outs = k.prepare_inputs(list(args)), k.allocate_outputs()

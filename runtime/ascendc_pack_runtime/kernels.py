@@ -7,12 +7,9 @@ description against what the caller expects before the kernel is ever launched.
 from __future__ import annotations
 
 import ctypes
-import math
 from pathlib import Path
 
 import torch
-
-from .tensor_meta import DTYPES, same_layout
 
 KERNEL_ABI_VERSION = 1
 
@@ -91,57 +88,3 @@ class KernelLibrary:
         outs = self._ptr_out(*[t.data_ptr() for t in outputs])
         ws = workspace.data_ptr() if workspace is not None else None
         return self._launch(ins, outs, ws, max_threads)
-
-
-class FusedKernel:
-    """A kernel library plus its spec: checks inputs, allocates outputs, launches.
-
-    Inputs whose strides differ from those the kernel was compiled for are copied into the
-    expected layout first (the kernel indexes memory with strides baked in).
-    """
-
-    def __init__(self, spec: dict, library: KernelLibrary):
-        self.spec = spec
-        self.lib = library
-        self.out_specs = [(tuple(o["shape"]), DTYPES[o["dtype"]]) for o in spec["outputs"]]
-        self.in_strides = [tuple(i["stride"]) for i in spec["inputs"]]
-        self._workspace = torch.empty(library.workspace, dtype=torch.uint8) if library.workspace else None
-
-    def allocate_outputs(self) -> list[torch.Tensor]:
-        return [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_specs]
-
-    def prepare_inputs(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Inputs in the layout the kernel expects (a copy only when strides differ)."""
-        ready = []
-        for t, stride, spec in zip(inputs, self.in_strides, self.spec["inputs"]):
-            if tuple(t.shape) != tuple(spec["shape"]) or t.dtype != DTYPES[spec["dtype"]]:
-                raise ValueError(f"kernel {self.spec['name']}: input {spec['name']} is "
-                                 f"{t.dtype}{list(t.shape)}, expected {spec['dtype']}{spec['shape']}")
-            if not same_layout(t.shape, t.stride(), t.shape, stride):
-                t = _relayout(t, stride)
-                if not same_layout(t.shape, t.stride(), t.shape, stride):
-                    raise ValueError(f"kernel {self.spec['name']}: input {spec['name']} has strides "
-                                     f"{t.stride()} and cannot be laid out as {stride}")
-            ready.append(t)
-        return ready
-
-    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None,
-                 max_threads: int = 0) -> list[torch.Tensor]:
-        ins = self.prepare_inputs(inputs)
-        outs = self.allocate_outputs() if outputs is None else outputs
-        rc = self.lib.launch(ins, outs, self._workspace, max_threads)
-        if rc != 0:
-            raise RuntimeError(f"kernel {self.spec['name']} ({self.lib.kernel_key}) failed with status {rc}")
-        return outs
-
-
-def _relayout(t: torch.Tensor, stride) -> torch.Tensor:
-    if any(s == 0 for s, n in zip(stride, t.shape) if n != 1):
-        # broadcast (expanded) layout: materialize the distinct elements, then expand
-        base_shape = [1 if (s == 0 and n != 1) else n for s, n in zip(stride, t.shape)]
-        index = tuple(slice(0, 1) if b == 1 and n != 1 else slice(None) for b, n in zip(base_shape, t.shape))
-        compact = t[index].contiguous()
-        return compact.expand(t.shape) if math.prod(base_shape) else compact
-    out = torch.empty_strided(tuple(t.shape), tuple(stride), dtype=t.dtype)
-    out.copy_(t)
-    return out

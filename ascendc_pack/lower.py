@@ -1,66 +1,63 @@
-"""The fused-kernel spec: plain JSON data describing one kernel's computation.
+"""Lower: turn a fused group's analysis into its :class:`~ascendc_pack.fusion_ir.KernelSpec`.
 
-A spec is what the tiler, the code generator and the cache key all read::
-
-    {"version": 1, "name": ..., "axes": [sizes], "reduce_axes": [axis ids],
-     "inputs": [{"name", "dtype", "shape", "stride"}],
-     "outputs": [{"name", "dtype", "shape", "node", "strides": per-axis}],
-     "nodes": [{"id", "kind": "load"|"const"|"op"|"reduce", ...}]}
-
-The iteration space is the product of ``axes``; every node is evaluated at an index of it (a
-node ignores the axes it does not vary over). Loads carry per-axis element strides and an
-offset. Reductions reduce exactly ``reduce_axes``. Outputs are stored contiguously in their own
-shape, given as per-axis strides.
+Each member step becomes spec nodes (loads, constants, pointwise ops, reductions); identical
+nodes are one (CSE). Adjacent axes that every access walks as one are then merged, so the
+generated loops index memory without div/mod.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
-from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, FLOAT_DTYPES
+from .fusion_ir import (Analysis, ConstNode, Internal, KernelInput, KernelOutput, KernelSpec, Load, LoadNode, Node,
+                        OpNode, ReduceNode)
+from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, FLOAT_DTYPES, reduce_dims
 from .program import AtenStep, Ref
-
-SPEC_VERSION = 1
 
 
 class _Builder:
-    def __init__(self, an, values, inputs):
+    def __init__(self, an: Analysis, values, inputs: list[str]):
         self.an = an
         self.values = values
         self.inputs = inputs
-        self.nodes: list[dict] = []
+        self.nodes: list[Node] = []
         self.node_of_value: dict[str, int] = {}
         self.memo: dict = {}
         self.n_axes = len(an.axis_sizes)
 
-    def add(self, node: dict) -> int:
-        # every node is a pure function of its fields: identical nodes are one (CSE)
-        key = tuple(sorted((k, str(v)) for k, v in node.items()))
+    def add(self, node: Node) -> int:
+        """Append ``node`` (built with ``id=len(self.nodes)``) unless an identical one exists:
+        every node is a pure function of its fields (CSE)."""
+        fields = node.to_json()
+        del fields["id"]
+        key = tuple(sorted((k, str(v)) for k, v in fields.items()))
         if key in self.memo:
             return self.memo[key]
-        node["id"] = len(self.nodes)
         self.nodes.append(node)
-        self.memo[key] = node["id"]
-        return node["id"]
+        self.memo[key] = node.id
+        return node.id
+
+    @property
+    def next_id(self) -> int:
+        return len(self.nodes)
 
     def const(self, value, dtype) -> int:
         if isinstance(value, bool):
-            return self.add({"kind": "const", "value": bool(value), "dtype": "bool"})
+            return self.add(ConstNode(self.next_id, bool(value), "bool"))
         if isinstance(value, int) and dtype not in FLOAT_DTYPES:
-            return self.add({"kind": "const", "value": value, "dtype": dtype or "pyint"})
+            return self.add(ConstNode(self.next_id, value, dtype or "pyint"))
         v = float(value)
         if dtype in ("float16", "bfloat16"):  # a 16-bit constant tensor holds the rounded value
             v = float(torch.tensor(v, dtype=getattr(torch, dtype)).float())
         text = repr(v) if math.isfinite(v) else str(v)
-        return self.add({"kind": "const", "value": text, "dtype": dtype or "pyfloat"})
+        return self.add(ConstNode(self.next_id, text, dtype or "pyfloat"))
 
     def operand(self, step_index: int, pos: int) -> int:
-        from .fuse import Internal
-
         op = self.an.operands[(step_index, pos)]
         if isinstance(op, Internal):
             return self.node_of_value[op.value]
@@ -68,22 +65,20 @@ class _Builder:
         for d, axis in enumerate(op.axes):
             if axis is not None:
                 strides[axis] = op.strides[d]
-        return self.add({"kind": "load", "input": self.inputs.index(op.base), "strides": strides,
-                         "offset": op.offset, "dtype": self.values[op.base].dtype})
+        return self.add(LoadNode(self.next_id, self.inputs.index(op.base), tuple(strides), op.offset,
+                                 self.values[op.base].dtype))
 
     def op(self, name, args, dtype) -> int:
-        return self.add({"kind": "op", "op": name, "args": args, "dtype": dtype})
+        return self.add(OpNode(self.next_id, name, tuple(args), dtype))
 
     def step(self, i: int, step: AtenStep) -> None:
         out = step.outputs[0]
         dtype = self.values[out].dtype
-        tensor_pos = {}
         pos = 0
 
         def arg(a):
             nonlocal pos
             if isinstance(a, Ref):
-                tensor_pos[id(a)] = pos
                 node = self.operand(i, pos)
                 pos += 1
                 return node
@@ -100,7 +95,7 @@ class _Builder:
                 (0 if step.op == "aten.zeros_like.default" else 1))
             self.node_of_value[out] = self.const(value, dtype)
             return
-        refs = [a for a in step.args]
+        refs = list(step.args)
         if kind == "cast":
             self.node_of_value[out] = self.op("cast", [arg(refs[0])], dtype)
             return
@@ -134,24 +129,20 @@ class _Builder:
         self.node_of_value[out] = self.op(kind, args, dtype)
 
     def reduction(self, i: int, step: AtenStep, dtype: str) -> int:
-        from .fuse import _reduce_dims
-
         kind = ATEN_REDUCTIONS[step.op]
         src = self.operand(i, 0)
         acc_dtype = step.kwargs.get("dtype")
         if acc_dtype is not None:
             src = self.op("cast", [src], str(acc_dtype).removeprefix("torch."))
         op = self.an.operands[(i, 0)]
-        shape = op.shape if hasattr(op, "shape") else self.values[op.value].shape
-        count = math.prod(shape[d] for d in _reduce_dims(step, len(shape)))
-        node = {"kind": "reduce", "op": kind, "args": [src], "dtype": dtype}
-        if kind == "mean":
-            node["count"] = count
-        return self.add(node)
+        shape = op.shape if isinstance(op, Load) else self.values[op.value].shape
+        count = math.prod(shape[d] for d in reduce_dims(step, len(shape))) if kind == "mean" else None
+        return self.add(ReduceNode(self.next_id, kind, (src,), dtype, count))
 
 
-def build_spec(an, member_steps, inputs: list[str], values, layouts: dict) -> dict:
-    """Build the JSON spec of a fused kernel from its analysis (see :class:`fuse.Analysis`).
+def build_spec(an: Analysis, member_steps: list[AtenStep], inputs: list[str], values,
+               layouts: dict) -> KernelSpec:
+    """The (unnamed) spec of a fused kernel from its analysis (see :class:`fuse.Fuser`).
 
     ``layouts`` gives the strides each input is assumed to have at run time.
     """
@@ -166,29 +157,23 @@ def build_spec(an, member_steps, inputs: list[str], values, layouts: dict) -> di
         for d, axis in enumerate(an.value_axes[name]):
             if axis is not None:
                 strides[axis] = contiguous[d]
-        outputs.append({"name": name, "dtype": values[name].dtype, "shape": list(shape),
-                        "node": b.node_of_value[name], "strides": strides})
-    return merge_axes({
-        "version": SPEC_VERSION,
-        "axes": list(an.axis_sizes),
-        "reduce_axes": sorted(an.reduce_axes),
-        "inputs": [{"name": n, "dtype": values[n].dtype, "shape": list(values[n].shape),
-                    "stride": list(layouts[n])} for n in inputs],
-        "outputs": outputs,
-        "nodes": b.nodes,
-    })
+        outputs.append(KernelOutput(values[name].dtype, tuple(shape), b.node_of_value[name], tuple(strides)))
+    return merge_axes(KernelSpec(
+        axes=tuple(an.axis_sizes), reduce_axes=tuple(sorted(an.reduce_axes)),
+        inputs=tuple(KernelInput(values[n].dtype, tuple(values[n].shape), tuple(layouts[n])) for n in inputs),
+        outputs=tuple(outputs), nodes=tuple(b.nodes)))
 
 
-def merge_axes(spec: dict) -> dict:
+def merge_axes(spec: KernelSpec) -> KernelSpec:
     """Merge adjacent axes (both kept or both reduced) that every load and store walks as one.
 
     Axes a and a+1 merge when each access has ``stride[a] == stride[a+1] * size[a+1]``; the
     merged loops then index memory without div/mod. A spec without axes gets one unit axis.
     """
-    axes = list(spec["axes"])
-    reduce = set(spec["reduce_axes"])
-    accesses = [n["strides"] for n in spec["nodes"] if n["kind"] == "load"] + \
-               [o["strides"] for o in spec["outputs"]]
+    axes = list(spec.axes)
+    reduce = set(spec.reduce_axes)
+    loads = [n for n in spec.nodes if isinstance(n, LoadNode)]
+    accesses = [list(n.strides) for n in loads] + [list(o.strides) for o in spec.outputs]
     if not axes:
         axes = [1]
         for acc in accesses:
@@ -205,6 +190,7 @@ def merge_axes(spec: dict) -> dict:
             reduce = {r if r <= a else r - 1 for r in reduce if r != a + 1}
             continue
         a += 1
-    spec["axes"] = axes
-    spec["reduce_axes"] = sorted(reduce)
-    return spec
+    merged = iter(tuple(acc) for acc in accesses)
+    nodes = tuple(replace(n, strides=next(merged)) if isinstance(n, LoadNode) else n for n in spec.nodes)
+    outputs = tuple(replace(o, strides=next(merged)) for o in spec.outputs)
+    return replace(spec, axes=tuple(axes), reduce_axes=tuple(sorted(reduce)), nodes=nodes, outputs=outputs)
