@@ -135,20 +135,27 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debu
 @click.option("--topn", default=4, show_default=True, type=int, help="Candidates per kernel of the tuned bundle.")
 @click.option("--repeat", default=20, show_default=True, type=int, help="Interleaved timing rounds.")
 @click.option("--cold-runs", default=5, show_default=True, type=int, help="Cold-start processes per artifact.")
-@click.option("--contenders", default=None, help="Comma-separated subset of eager,compile,aoti,ort,bundle1,bundleN.")
+@click.option("--contenders", default=None,
+              help="Comma-separated subset of eager,compile,compile_freeze,aoti,ort,bundle1,bundleN.")
 @click.option("--same-process", is_flag=True, help="Time every contender in this process (default: one process each).")
+@click.option("--contention", is_flag=True, help="Also time each contender with one core kept busy by another process.")
+@click.option("--busy-core", default=None, type=int, help="Pin the busy process to this core (default: not pinned).")
+@click.option("--rebuild", is_flag=True, help="Also rebuild the tuned bundle on its warm cache (build-time table).")
 @click.option("--work-dir", default=None, help="Keep artifacts and worker logs here (default: a temp dir).")
 @click.option("--json", "json_path", default=None, help="Also write the raw results as JSON.")
-def bench(model_file, topn, repeat, cold_runs, contenders, same_process, work_dir, json_path):
+def bench(model_file, topn, repeat, cold_runs, contenders, same_process, contention, busy_core, rebuild, work_dir,
+          json_path):
     """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime and the bundle.
 
-    Same as `python -m ascendc_pack.bench model`; see ascendc_pack/bench.py for the protocol.
+    Same as `python -m ascendc_pack.bench model`; the protocol is in docs/PERFORMANCE.md.
+    Needs the `bench` extra for ONNX Runtime (pip install 'ascendc-pack[bench]').
     """
-    from .bench import bench_model_main
+    from .bench.command import bench_model_main
 
     try:
         bench_model_main(model_file, topn=topn, repeat=repeat, cold_runs=cold_runs, contenders=contenders,
-                         same_process=same_process, work_dir=work_dir, json_path=json_path)
+                         same_process=same_process, work_dir=work_dir, json_path=json_path,
+                         contention=contention, busy_core=busy_core, rebuild=rebuild)
     except (PackError, ValueError) as exc:
         _fail(exc)
 
