@@ -7,7 +7,13 @@ loads bundles is the separate package ``ascendc_pack_runtime``.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import warnings
+
+# torch warns "Failed to initialize NumPy" when it first touches its numpy bridge (while it is
+# imported, or during torch.export) in an install without numpy; the compiler never uses it.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+from ascendc_pack_runtime.constants import VERSION as __version__  # noqa: E402 (one version for both packages)
 
 from .capture import Captured, capture  # noqa: E402
 from .errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402

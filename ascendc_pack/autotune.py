@@ -6,7 +6,8 @@ first); each sample times ``number`` back-to-back launches, calibrated so a samp
 least ``min_sample_us``. After ``min_rounds`` the medians decide, unless the best two are
 within ``noise`` of each other: then rounds go on up to ``max_rounds`` or ``time_cap_s``.
 Ties keep the lower index. A candidate whose launch raises is recorded as failed and never
-chosen; if all fail, :class:`AutotuneError` is raised.
+chosen; if all fail, :class:`AutotuneError` is raised. (Before timing, :mod:`ascendc_pack.verify`
+checks every candidate's outputs; the tune stage passes only the ones that passed.)
 
 ``select`` takes a ``measure(index, number) -> seconds`` callable, so the logic is tested with
 an injected fake timer; :func:`kernel_measure` builds the real one for a compiled kernel.
@@ -45,6 +46,8 @@ class Protocol:
     noise: float = 0.02            # relative gap under which the best two count as tied
     time_cap_s: float = 1.5
     min_sample_us: float = 200.0   # a sample repeats the launch until it lasts this long
+    verify_timeout_s: float = 10.0  # a candidate's verification run may take this long (or longer
+                                    # for slow references, see verify.TIMEOUT_PER_REFERENCE)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -61,15 +64,6 @@ class Selection:
     number: int = 1
     medians_us: list[float | None] = field(default_factory=list)
 
-
-@dataclass
-class AutotuneStats:
-    """Process-wide counter: how many kernels were profiled (tests assert warm cache -> 0)."""
-
-    kernels_profiled: int = 0
-
-
-STATS = AutotuneStats()
 
 Measure = Callable[[int, int], float]  # (candidate index, launches) -> seconds for all launches
 

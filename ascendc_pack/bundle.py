@@ -17,6 +17,7 @@ The bundle is written to a temporary file next to ``output`` and renamed into pl
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import io
@@ -31,20 +32,22 @@ from pathlib import Path
 
 import torch
 
-from ascendc_pack_runtime.bundle import (FORMAT_NAME, FORMAT_VERSION, GRAPH_LIBRARY, GRAPH_SOURCE,
-                                         MANIFEST_NAME, TUNING_FILE, WEIGHT_ALIGNMENT, WEIGHTS_FILE,
-                                         check_member_name)
+from ascendc_pack_runtime import manifest as contract
+from ascendc_pack_runtime.constants import (FORMAT_VERSION, GRAPH_ABI_VERSION, GRAPH_LIBRARY, GRAPH_SOURCE,
+                                            MANIFEST_NAME, TUNING_FILE, WEIGHT_ALIGNMENT, WEIGHTS_FILE)
+from ascendc_pack_runtime.manifest import check_member_name
 
 from .cache import check_component
 from .choice import KernelChoice
 from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, describe_library, isa_features, package_version
 from .config import BuildConfig
 from .errors import PackError
+from .kernels import kernel_uses
 from .program import ModelProgram, dtype_name
+from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
-from .render import (GRAPH_ABI_VERSION, GraphLibrary, GraphSource, KernelRef, compile_graph,
-                     graph_flags, render_graph, weight_layout)
+from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph, weight_layout
 
 ZSTD_LEVEL = 6
 TUNING_FORMAT = "ascpack-tuning"
@@ -64,7 +67,8 @@ class BundleReport:
     graph: GraphLibrary
     graph_source: GraphSource
     seconds: float
-    manifest: dict = field(repr=False, default_factory=dict)
+    manifest: dict = field(repr=False, default_factory=dict)     # as written (JSON)
+    contract: contract.Manifest | None = field(repr=False, default=None)
 
 
 def kernel_member(name: str, kernel_key: str) -> str:
@@ -112,8 +116,8 @@ def _write_weights(model: ModelProgram, weights: dict[str, torch.Tensor], path: 
                 f.write(b"\0" * pad)
                 offset += pad
             f.write(_tensor_bytes(dense))
-            entries.append({"name": name, "fqn": model.weight_fqns.get(name, name), "dtype": dtype_name(t.dtype),
-                            "shape": list(shape), "stride": list(stride), "offset": offset, "nbytes": nbytes})
+            entries.append(contract.WeightSpec(name, model.weight_fqns.get(name, name), dtype_name(t.dtype),
+                                               tuple(shape), tuple(stride), offset, nbytes))
             layouts[name] = (shape, stride)
             offset += nbytes
     return entries, layouts
@@ -128,14 +132,10 @@ def _sanitize(text: str, config: BuildConfig) -> str:
     return text
 
 
-def _candidates_json(choice: KernelChoice) -> list[dict]:
-    out = []
-    for i, r in enumerate(choice.results):
-        c = r.candidate
-        out.append({"index": i, "kernel_key": c.kernel_key, "tiling_repr": c.tiling_repr,
-                    "workspace": c.workspace, "block_dim": c.block_dim, "median_us": r.median_us,
-                    "failed": r.error is not None})
-    return out
+def _candidates(choice: KernelChoice) -> tuple[contract.Candidate, ...]:
+    return tuple(contract.Candidate(i, r.candidate.kernel_key, r.candidate.tiling_repr, r.candidate.workspace,
+                                    r.candidate.block_dim, r.median_us, r.error is not None)
+                 for i, r in enumerate(choice.results))
 
 
 def _tuning_json(model: ModelProgram, choices: dict[str, KernelChoice], names: list[str],
@@ -165,20 +165,28 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
-def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
+@contextlib.contextmanager
+def archive_writer(dest: Path, level: int = ZSTD_LEVEL):
+    """Write an ``.ascpack`` container to ``dest``: yields ``add(name, size, fileobj)``, called
+    in member order (``manifest.json`` first). One zstd frame with a content checksum (the
+    runtime detects any corruption of the stream, DESIGN 4.8), normalized tar headers."""
     import zstandard
 
-    # the content checksum lets the runtime detect any corruption of the stream (DESIGN 4.8)
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
     with open(dest, "wb") as f:
         with cctx.stream_writer(f, closefd=False) as zw:
             with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                tar.addfile(_tarinfo(MANIFEST_NAME, len(manifest_bytes)), io.BytesIO(manifest_bytes))
-                for name, path in files:
-                    with open(path, "rb") as src:
-                        tar.addfile(_tarinfo(name, path.stat().st_size), src)
+                yield lambda name, size, fileobj: tar.addfile(_tarinfo(name, size), fileobj)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
+    with archive_writer(dest, level) as add:
+        add(MANIFEST_NAME, len(manifest_bytes), io.BytesIO(manifest_bytes))
+        for name, path in files:
+            with open(path, "rb") as src:
+                add(name, path.stat().st_size, src)
 
 
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
@@ -203,6 +211,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         raise BundleWriteError(f"no KernelChoice for fused kernel(s) {', '.join(missing)}; tune (or pick "
                                "candidate 0 of) every fused kernel of the program")
     names = sorted(steps)
+    uses = kernel_uses(model.program)  # identical kernels share one entry and one library
     refs: dict[str, KernelRef] = {}
     kernel_files: list[tuple[str, Path]] = []
     kernel_entries = []
@@ -226,12 +235,9 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel.inputs),
                                len(step.kernel.outputs))
         kernel_files.append((member, so))
-        kernel_entries.append({
-            "name": name, "kernel_key": cand.kernel_key, "tiling_repr": cand.tiling_repr,
-            "workspace": cand.workspace, "block_dim": cand.block_dim, "file": member,
-            "visited": bool(ch.visited), "chosen_index": ch.chosen_index,
-            "candidates": _candidates_json(ch),
-        })
+        kernel_entries.append(contract.Kernel(name, cand.kernel_key, cand.tiling_repr, cand.workspace,
+                                              cand.block_dim, member, bool(ch.visited), ch.chosen_index,
+                                              _candidates(ch), tuple(uses[name])))
 
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:
@@ -245,57 +251,56 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
 
         files = [(GRAPH_LIBRARY, graph.path), (GRAPH_SOURCE, graph.source_path), *kernel_files,
                  (WEIGHTS_FILE, weights_path), (TUNING_FILE, tuning_path)]
-        members = {name: {"size": path.stat().st_size, "sha256": _sha256(path)} for name, path in files}
-        p = model.program
-        mutated_values = {v: k for k, v in model.mutations.items()}
-        outputs = []
-        for o in model.user_outputs:
-            spec = p.values[o]
-            entry = {"name": o, "shape": list(spec.shape), "dtype": spec.dtype}
-            if o in mutated_values:
-                entry["input_index"] = model.user_inputs.index(mutated_values[o])
-            outputs.append(entry)
-        identity = compiler_identity(cxx)
-        manifest = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "producer": {"name": "ascendc-pack", "version": package_version()},
-            "model": {"name": model.name},
-            "backend": "cpu",
-            "target": {
-                "arch": platform.machine(), "march": config.march, "isa": list(isa),
-                "compiler": identity.split(" ", 1)[1] if " " in identity else identity,
-            },
-            "torch": {"version": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)},
-            "core_limit": config.cores,
-            "cores": config.effective_cores,
-            "topn": config.topn,
-            "inputs": [{"name": n, "shape": list(p.values[n].shape), "dtype": p.values[n].dtype,
-                        "stride": list(p.values[n].stride or contiguous_strides(p.values[n].shape))}
-                       for n in model.user_inputs],
-            "outputs": outputs,
-            "mutations": [{"input": k, "index": model.user_inputs.index(k), "value": v}
-                          for k, v in model.mutations.items()],
-            "out_spec": model.out_spec,
-            "weights": {"file": WEIGHTS_FILE, "alignment": WEIGHT_ALIGNMENT, "tensors": weight_entries},
-            "graph": {
-                "library": GRAPH_LIBRARY, "source": GRAPH_SOURCE, "namespace": graph_src.namespace,
-                "abi": GRAPH_ABI_VERSION,
-                "flags": [f for f in graph_flags(config.march) if not f.startswith("-I")],
-                "memory": graph_src.stats,
-            },
-            "kernels": kernel_entries,
-            "members": members,
-        }
-        manifest_bytes = (json.dumps(manifest, indent=1) + "\n").encode()
+        members = {name: contract.Member(path.stat().st_size, _sha256(path)) for name, path in files}
+        manifest = _manifest(model, config, cxx, isa, graph_src, weight_entries, kernel_entries, members)
+        manifest_bytes = manifest.dumps()
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
             _write_archive(tmp, manifest_bytes, files, zstd_level)
             os.replace(tmp, output)
         finally:
             tmp.unlink(missing_ok=True)
-    return BundleReport(output, output.stat().st_size, members, graph, graph_src,
-                        time.perf_counter() - t0, manifest)
+    return BundleReport(output, output.stat().st_size, {k: v.to_json() for k, v in members.items()}, graph,
+                        graph_src, time.perf_counter() - t0, manifest.to_json(), manifest)
+
+
+def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str], graph_src: GraphSource,
+              weights: list[contract.WeightSpec], kernels: list[contract.Kernel],
+              members: dict[str, contract.Member]) -> contract.Manifest:
+    """The bundle's manifest (validated: the writer is held to the contract the reader checks)."""
+    p = model.program
+    mutated_values = {v: k for k, v in model.mutations.items()}
+    outputs = []
+    for o, out_name in zip(model.user_outputs, model.output_names):
+        spec = p.values[o]
+        index = model.user_inputs.index(mutated_values[o]) if o in mutated_values else None
+        outputs.append(contract.IOSpec(out_name, tuple(spec.shape), spec.dtype, input_index=index))
+    inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
+                              tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
+              for n in model.user_inputs]
+    identity = compiler_identity(cxx)
+    return contract.Manifest(
+        format_version=FORMAT_VERSION,
+        producer=contract.Producer("ascendc-pack", package_version()),
+        model_name=model.name,
+        backend=config.backend,
+        target=contract.Target(platform.machine(), config.march, tuple(isa),
+                               identity.split(" ", 1)[1] if " " in identity else identity),
+        torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+        core_limit=config.cores,
+        cores=config.effective_cores,
+        topn=config.topn,
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
+        out_spec=plain_treespec(model.out_tree),
+        weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
+        graph=contract.Graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src.namespace, GRAPH_ABI_VERSION,
+                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats),
+        kernels=tuple(kernels),
+        members=members,
+        out_tree=model.out_tree,
+    ).validate()
 
 
 def write_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],

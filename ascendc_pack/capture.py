@@ -10,15 +10,22 @@ part of the program).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import operator
+import re
+import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.utils import _pytree as pytree
+
+from ascendc_pack_runtime.outputs import check_names, count_leaves, leaf_names, tree_from_treespec
 
 from .errors import CaptureError
 from .program import AtenStep, CondStep, ModelProgram, Program, Ref, TensorSpec
@@ -61,30 +68,65 @@ def decomposition_table() -> dict:
     return table
 
 
-def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model") -> Captured:
+def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model",
+            output_names: list[str] | None = None) -> Captured:
     """Export ``module`` on ``example_inputs`` and return its decomposed Program and weights.
+
+    ``output_names`` (one per output tensor) replaces the names derived from the output
+    structure (dict keys, namedtuple fields, ``output_<i>``).
 
     Raises:
         CaptureError: torch.export failed, or the graph holds something we cannot represent.
     """
     module.eval()
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-    try:
-        ep = torch.export.export(module, tuple(example_inputs), strict=False)
-    except Exception as exc:
-        raise CaptureError(
-            f"torch.export could not capture model {name!r}: {type(exc).__name__}: {exc}\n"
-            "The model must be exportable with static shapes (see the torch.export docs on "
-            "data-dependent control flow: use torch.cond instead of Python `if` on tensor values)."
-        ) from exc
+    ep = _export(module, tuple(example_inputs), name)
     try:
         ep = ep.run_decompositions(decomposition_table())
     except Exception as exc:
         raise CaptureError(f"decomposing model {name!r} failed: {type(exc).__name__}: {exc}") from exc
-    return _from_exported(ep, name)
+    return _from_exported(ep, name, output_names)
 
 
-def _from_exported(ep: ExportedProgram, name: str) -> Captured:
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)')
+_TORCH_DETAIL_CHARS = 1500
+
+
+def _export(module: torch.nn.Module, example_inputs: tuple, name: str) -> ExportedProgram:
+    """torch.export with torch's failure noise held back: on failure torch prints the partial
+    graph to stderr (~40 lines) before raising; our message leads with the fix instead."""
+    noise = io.StringIO()
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(noise):
+            ep = torch.export.export(module, example_inputs, strict=False)
+    except Exception as exc:
+        raise CaptureError(_export_failure(name, exc)) from exc
+    finally:
+        shapes_log.setLevel(level)
+    sys.stderr.write(noise.getvalue())  # a successful export's warnings are the user's to see
+    return ep
+
+
+def _export_failure(name: str, exc: Exception) -> str:
+    text = str(exc)
+    frame = _USER_FRAME.search(text)
+    where = f" at {Path(frame[1]).name}:{frame[2]} (`{frame[4].strip()}`)" if frame else ""
+    detail = f"{type(exc).__name__}: {text.strip()}"
+    if len(detail) > _TORCH_DETAIL_CHARS:
+        detail = detail[:_TORCH_DETAIL_CHARS] + " ..."
+    if "data-dependent" in text or "DataDependent" in type(exc).__name__:
+        return (f"model {name!r} branches in Python on a tensor's value{where}, which a static graph "
+                "cannot capture. Write the branch with torch.cond(pred, true_fn, false_fn, (x,)) so both "
+                "sides are captured (see examples/cond_model.py), or compute the condition without "
+                "reading tensor values.\n--- torch.export said ---\n" + detail.splitlines()[0])
+    return (f"torch.export could not capture model {name!r}{where}. The model must be exportable with "
+            f"static shapes.\n--- torch.export said ---\n{detail}")
+
+
+def _from_exported(ep: ExportedProgram, name: str, output_names: list[str] | None) -> Captured:
     sig = ep.graph_signature
     weights: dict[str, torch.Tensor] = {}
     weight_names, weight_fqns, user_inputs = [], {}, []
@@ -116,10 +158,21 @@ def _from_exported(ep: ExportedProgram, name: str) -> Captured:
             )
         else:
             raise CaptureError(f"model {name!r} has an output of kind {spec.kind.name}; not supported")
+    out_tree = tree_from_treespec(ep.call_spec.out_spec)
+    if count_leaves(out_tree) != len(user_outputs):
+        raise CaptureError(f"model {name!r}: its output structure holds {count_leaves(out_tree)} tensors "
+                           f"but the graph returns {len(user_outputs)}; return only tensors")
+    if output_names is None:
+        output_names = leaf_names(out_tree)
+    else:
+        try:
+            output_names = check_names(output_names, len(user_outputs), "get_output_names()")
+        except ValueError as exc:
+            raise CaptureError(f"model {name!r}: {exc}") from None
     mp = ModelProgram(
         name=name, program=program, weights=weight_names, weight_fqns=weight_fqns,
         user_inputs=user_inputs, mutations=mutations, user_outputs=user_outputs,
-        out_spec=pytree.treespec_dumps(ep.call_spec.out_spec),
+        out_tree=out_tree, output_names=output_names,
     )
     return Captured(model=mp, weights=weights)
 

@@ -11,22 +11,77 @@ from .fusion_ir import KernelSpec
 
 @dataclass
 class CandidateResult:
-    """One candidate's measurement (``median_us`` None when not timed or failed)."""
+    """One candidate's measurement (``median_us`` None when not timed or failed).
+
+    ``disqualified`` is set when PGO verification rejected the candidate
+    (:meth:`ascendc_pack.verify.Disqualification.to_json`: reason, detail, output, max_error,
+    allowed); ``error`` then holds its message.
+    """
 
     candidate: Candidate
     median_us: float | None = None
     samples_us: list[float] = field(default_factory=list)
     error: str | None = None
+    disqualified: dict | None = None
 
     def to_json(self) -> dict:
         d = self.candidate.to_json()
         d.update({"median_us": self.median_us, "samples_us": list(self.samples_us), "error": self.error})
+        if self.disqualified is not None:  # only then: records of verified winners are unchanged
+            d["disqualified"] = dict(self.disqualified)
         return d
+
+    @property
+    def rel_spread(self) -> float | None:
+        """Interquartile range of the samples over their median (None with < 4 samples)."""
+        s = sorted(self.samples_us)
+        if len(s) < 4 or not self.median_us:
+            return None
+        return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / self.median_us
 
     @staticmethod
     def from_json(d: dict) -> CandidateResult:
         return CandidateResult(Candidate.from_json(d), d.get("median_us"), list(d.get("samples_us", [])),
-                               d.get("error"))
+                               d.get("error"), d.get("disqualified"))
+
+
+UNSTABLE_SPREAD = 0.10
+"""A timed candidate whose samples spread more than this (IQR / median) is a noisy measurement."""
+
+
+@dataclass(frozen=True)
+class MeasurementQuality:
+    """How far one kernel's PGO timings can be trusted.
+
+    ``load`` is the 1-minute load average when the kernel was tuned and ``cores`` the cores this
+    process may use; ``spread`` the largest IQR / median of the winner and candidate 0. The
+    timings are ``stable`` when the machine was not oversubscribed (load <= cores) and that spread
+    is at most :data:`UNSTABLE_SPREAD`; otherwise a reported speedup may be noise.
+    """
+
+    load: float
+    cores: int
+    spread: float
+    stable: bool
+
+    @staticmethod
+    def assess(results: list[CandidateResult], chosen: int, load: float, cores: int) -> MeasurementQuality:
+        spreads = [r.rel_spread for r in (results[chosen], results[0]) if r.rel_spread is not None]
+        spread = max(spreads, default=0.0)
+        return MeasurementQuality(round(load, 2), cores, round(spread, 4), load <= cores and spread <= UNSTABLE_SPREAD)
+
+    def describe(self) -> str:
+        return f"load {self.load:.1f} on {self.cores} cores, spread up to {self.spread:.0%}"
+
+    def to_json(self) -> dict:
+        return {"load": self.load, "cores": self.cores, "spread": self.spread, "stable": self.stable}
+
+    @staticmethod
+    def from_json(d) -> MeasurementQuality | None:
+        try:
+            return MeasurementQuality(float(d["load"]), int(d["cores"]), float(d["spread"]), bool(d["stable"]))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 @dataclass
@@ -45,8 +100,28 @@ class KernelChoice:
     so_path: Path
     visited: bool
     results: list[CandidateResult]
+    quality: MeasurementQuality | None = None   # None: not timed (one candidate, or unvisited)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "chosen_index": self.chosen_index, "candidate": self.candidate.to_json(),
-                "so_path": str(self.so_path), "visited": self.visited,
+        d = {"name": self.name, "chosen_index": self.chosen_index, "candidate": self.candidate.to_json(),
+             "so_path": str(self.so_path), "visited": self.visited,
+             "results": [r.to_json() for r in self.results]}
+        if self.quality is not None:
+            d["quality"] = self.quality.to_json()
+        return d
+
+
+@dataclass
+class KernelFallback:
+    """A fused kernel that runs as its ATen steps because no candidate can be used (every one
+    failed to compile, was disqualified by verification or crashed); ``results`` says why for
+    each candidate. The bundle replaces the kernel by those steps (never a wrong answer)."""
+
+    name: str
+    reason: str
+    results: list[CandidateResult]
+    visited: bool
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "reason": self.reason, "visited": self.visited,
                 "results": [r.to_json() for r in self.results]}

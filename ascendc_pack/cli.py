@@ -9,7 +9,28 @@ import time
 import click
 
 from . import __version__
+from .cli_trust import register as register_trust_commands, sign_built_bundle
 from .errors import PackError
+
+
+class PositiveInt(click.ParamType):
+    """An integer >= 1 (shown as INTEGER in --help)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is not a positive integer", param, ctx)
+        return number
+
+
+POSITIVE_INT = PositiveInt()
 
 
 def _fail(exc: Exception) -> None:
@@ -30,7 +51,9 @@ def main(verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the program as JSON instead of text.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Run the reference executor on the example and calibration inputs and compare with eager.")
-def capture(model_file: str, as_json: bool, check: bool) -> None:
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of --check (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of --check (default: per dtype).")
+def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
     """Capture MODEL_FILE with torch.export and print its Program.
 
     With --check (the default) the reference executor runs the Program on every input set and
@@ -47,10 +70,14 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
         else:
             from .program import dump
 
+            from .fuse import fuse
+            from .program import fusion_summary
+
             click.echo(dump(captured.model), nl=False)
+            click.echo(fusion_summary(fuse(captured.model)))
             click.echo(f"captured in {elapsed:.2f} s")
         if check:
-            for report in check_reference(loaded, captured):
+            for report in check_reference(loaded, captured, atol=atol, rtol=rtol):
                 click.echo(report, err=as_json)
     except PackError as exc:
         _fail(exc)
@@ -58,30 +85,49 @@ def capture(model_file: str, as_json: bool, check: bool) -> None:
 
 @main.command()
 @click.argument("model_file", type=str)
-@click.option("--topn", default=None, help="Candidates per fused kernel, 1-10 (env TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN; default 1 = no PGO).")
+@click.option("--topn", default=None, type=POSITIVE_INT, help="Candidates per fused kernel, 1-10 (env TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN; default 1 = no PGO).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Bundle path (default: <model name>.ascpack).")
-@click.option("--cores", default=None, help="Core limit: every kernel's block_dim <= N (default: all cores).")
-@click.option("--cache-dir", default=None, help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
-@click.option("--jobs", default=None, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
+@click.option("--cores", default=None, type=POSITIVE_INT, help="Core limit: every kernel's block_dim <= N (default: all cores).")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
+@click.option("--jobs", default=None, type=POSITIVE_INT, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
+@click.option("--backend", default=None, help="Target device backend (default cpu; the only one so far).")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
-    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle."""
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Load the new bundle and compare it with eager on the example and calibration inputs before writing it.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
+@click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug, verify, atol, rtol, sign_key):
+    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
+
+    Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
+    stops the build cleanly (exit 130): the bundle is not written, finished kernels stay cached.
+    """
     from .pipeline import build_file
 
     try:
         t0 = time.perf_counter()
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
-                            jobs=jobs, march=march, debug=debug, progress=True)
+                            jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
+                            verify=verify, atol=atol, rtol=rtol)
     except PackError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:
+        click.secho("interrupted: no bundle was written; kernels that finished compiling or tuning "
+                    "stay in the cache", fg="yellow", err=True)
+        sys.exit(130)
     click.echo(result.summary())
-    stages = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+    stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in result.seconds.items())
     size = result.output.stat().st_size
     click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
-               f"{result.kernels_compiled} candidate compiles, {result.kernels_profiled} kernels profiled")
+               f"{result.kernels_compiled} candidate compiles, {result.cache_hits} cached, "
+               f"{result.compile_failures} failed; {result.kernels_profiled} kernels profiled, "
+               f"{result.candidates_disqualified} candidates disqualified"
+               + (f"; {len(result.fallbacks)} kernels fell back to ATen" if result.fallbacks else ""))
+    sign_built_bundle(result.output, sign_key)
 
 
 @main.command()
@@ -89,20 +135,27 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, debug):
 @click.option("--topn", default=4, show_default=True, type=int, help="Candidates per kernel of the tuned bundle.")
 @click.option("--repeat", default=20, show_default=True, type=int, help="Interleaved timing rounds.")
 @click.option("--cold-runs", default=5, show_default=True, type=int, help="Cold-start processes per artifact.")
-@click.option("--contenders", default=None, help="Comma-separated subset of eager,compile,aoti,ort,bundle1,bundleN.")
+@click.option("--contenders", default=None,
+              help="Comma-separated subset of eager,compile,compile_freeze,aoti,ort,bundle1,bundleN.")
 @click.option("--same-process", is_flag=True, help="Time every contender in this process (default: one process each).")
+@click.option("--contention", is_flag=True, help="Also time each contender with one core kept busy by another process.")
+@click.option("--busy-core", default=None, type=int, help="Pin the busy process to this core (default: not pinned).")
+@click.option("--rebuild", is_flag=True, help="Also rebuild the tuned bundle on its warm cache (build-time table).")
 @click.option("--work-dir", default=None, help="Keep artifacts and worker logs here (default: a temp dir).")
 @click.option("--json", "json_path", default=None, help="Also write the raw results as JSON.")
-def bench(model_file, topn, repeat, cold_runs, contenders, same_process, work_dir, json_path):
+def bench(model_file, topn, repeat, cold_runs, contenders, same_process, contention, busy_core, rebuild, work_dir,
+          json_path):
     """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime and the bundle.
 
-    Same as `python -m ascendc_pack.bench model`; see ascendc_pack/bench.py for the protocol.
+    Same as `python -m ascendc_pack.bench model`; the protocol is in docs/PERFORMANCE.md.
+    Needs the `bench` extra for ONNX Runtime (pip install 'ascendc-pack[bench]').
     """
-    from .bench import bench_model_main
+    from .bench.command import bench_model_main
 
     try:
         bench_model_main(model_file, topn=topn, repeat=repeat, cold_runs=cold_runs, contenders=contenders,
-                         same_process=same_process, work_dir=work_dir, json_path=json_path)
+                         same_process=same_process, work_dir=work_dir, json_path=json_path,
+                         contention=contention, busy_core=busy_core, rebuild=rebuild)
     except (PackError, ValueError) as exc:
         _fail(exc)
 
@@ -110,31 +163,43 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, work_di
 @main.command()
 @click.argument("bundle", type=str)
 @click.option("--name", default=None, help="Model name in the URLs (default: the bundle's model name).")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Interface to listen on (127.0.0.1: this machine only).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on. Loopback by default: no authentication or TLS; pass 0.0.0.0 to serve other machines (e.g. in a container).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="HTTP port.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Model instances serving requests in parallel (each loads the bundle: own buffers).")
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log one line per request.")
 @click.option("--max-body-mb", default=None, type=click.FloatRange(min=0, min_open=True),
-              help="Refuse request bodies larger than this (413); default 64 MiB + 32 x the input bytes.")
+              help="Refuse request bodies larger than this after decompression (413); default 1 MiB + 16 x the input bytes.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's line and headers to arrive (408 and close after).")
+@click.option("--body-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's whole body to arrive after its headers (408 and close after).")
+@click.option("--keep-alive", default=15.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds an idle kept-alive connection stays open (behind a proxy: above the proxy's idle timeout).")
+@click.option("--limit-concurrency", default=64, show_default=True, type=click.IntRange(1),
+              help="Connections plus requests in flight; beyond it the server answers 503.")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
-def serve(bundle, name, host, port, workers, access_log, max_body_mb, eager_model):
+def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
+          limit_concurrency, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
     HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
     """
     from ascendc_pack_runtime.errors import BundleError
+    from ascendc_pack_runtime.server import ServeOptions, serve as serve_bundle
 
     factory = None
     try:
+        options = ServeOptions(host=host, port=port, workers=workers, access_log=access_log,
+                               max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+                               header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                               keep_alive_s=keep_alive, limit_concurrency=limit_concurrency)
         if eager_model is not None:
             factory = _eager_runner_factory(eager_model)
-        from ascendc_pack_runtime.kserve_model import serve as serve_bundle
-        serve_bundle(bundle, name=name, host=host, port=port, workers=workers, runner_factory=factory,
-                     access_log=access_log,
-                     max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+        serve_bundle(bundle, options, name=name, runner_factory=factory,
                      platform="pytorch_eager" if eager_model else None)
     except (BundleError, PackError, ValueError, ImportError) as exc:
         _fail(exc)
@@ -201,13 +266,14 @@ def inspect(bundle: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
-def verify(bundle: str) -> None:
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Require a signature by this public key (ed25519:<hex> or a .pub file; repeatable; default $ASCENDC_PACK_RUNTIME_TRUSTED_KEYS).")
+def verify(bundle: str, trusted_keys: tuple[str, ...]) -> None:
     """Run every load-time check on BUNDLE without loading it: zstd frame and checksum, member
     list, sizes, sha256, safe names and types, size caps, manifest fields, and this host's CPU
     features, torch and C++ ABI. Exit 0 when it would load, else 1 with one line per problem."""
     from ascendc_pack_runtime.tools import verify_lines
 
-    lines, rc = verify_lines(bundle)
+    lines, rc = verify_lines(bundle, list(trusted_keys) or None)
     click.echo("\n".join(lines))
     sys.exit(rc)
 
@@ -230,3 +296,6 @@ def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, 
     lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed)
     click.echo("\n".join(lines), err=rc != 0)
     sys.exit(rc)
+
+
+register_trust_commands(main)   # keygen, sign (ascendc_pack/cli_trust.py)

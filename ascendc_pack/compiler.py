@@ -16,32 +16,32 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.metadata
 import logging
 import os
 import shlex
-import shutil
+import signal
 import subprocess
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from .cache import (LOCK_TIMEOUT_S, KernelDir, atomic_write_text, check_component, stable_hash,
                     temp_path_for)
 from .candidate import Candidate
 from .config import BuildConfig, host_cores
-from .errors import CompileError, ConfigError, PackError
+from .errors import PackError
+from .toolchain import (DEFAULT_CXX, CompilerFailed, CompilerNotRunnable, CompilerTimeout,  # noqa: F401
+                        OutputRejected, compile_atomically, compiler_identity, compiler_path, headers_hash,
+                        kill_compiler,
+                        host_cpu_flags, isa_features, output_tail, package_version, runtime_include_dir,
+                        target_flags)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CXX = "g++"
 COMPILE_TIMEOUT_S = 300.0
 """Wall-clock limit of one candidate's g++ run; a candidate over it is recorded as failed."""
-PROBE_TIMEOUT_S = 60.0
-OUTPUT_TAIL_CHARS = 8000
 ARTIFACT_HASH_VERSION = "ascendc-pack/artifact/v1"
 DEBUG_DIRNAME = "torch_compile_debug"
 _ERROR_HEADER = "# ascendc-pack compile error v1"
@@ -51,35 +51,9 @@ class KernelLibraryError(PackError):
     """A kernel library cannot be loaded, lacks the ABI symbols, or is not the promised file."""
 
 
-# ----------------------------------------------------------------------------- statistics
-
-
-@dataclass
-class CompileStats:
-    """Process-wide counters (tests assert "warm cache -> zero compiler calls" with them)."""
-
-    compiler_calls: int = 0   # g++ runs for candidates (probes like --version are not counted)
-    cache_hits: int = 0       # candidates reused from the cache, libraries and cached failures
-    failures: int = 0         # candidates that failed in this process (compile or validation)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + n)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.compiler_calls = self.cache_hits = self.failures = 0
-
-
-STATS = CompileStats()
-
-
-def __getattr__(name: str):
-    """``compile.COMPILER_CALLS`` reads ``STATS.compiler_calls``."""
-    if name == "COMPILER_CALLS":
-        return STATS.compiler_calls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class CompileCancelled(Exception):
+    """Raised inside compile workers once the build was interrupted (Ctrl-C): the candidate is
+    neither a success nor a failure and nothing about it is recorded."""
 
 
 # ----------------------------------------------------------------------------- data
@@ -164,59 +138,26 @@ class CompiledKernel:
                               [CompiledCandidate.from_json(c) for c in d["candidates"]])
 
 
+@dataclass(frozen=True)
+class CompileCounts:
+    """What compiling some kernels did, counted from their results (each build counts its own;
+    there is no process-wide counter): ``compiler_calls`` candidates run through the compiler
+    (failures included), ``cache_hits`` reused from the cache (libraries and recorded failures),
+    ``failures`` candidates that failed to compile or validate in this build."""
+
+    compiler_calls: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+
+    @staticmethod
+    def of(kernels: Iterable[CompiledKernel]) -> CompileCounts:
+        cands = [c for k in kernels for c in k.candidates]
+        return CompileCounts(compiler_calls=sum(c.compiled for c in cands),
+                             cache_hits=sum(not c.compiled for c in cands),
+                             failures=sum(c.compiled and not c.ok for c in cands))
+
+
 # ----------------------------------------------------------------------------- toolchain
-
-
-def runtime_include_dir() -> Path:
-    """Directory holding ``ascendc_pack/kernel_abi.h`` (the runtime's shared headers).
-
-    Uses ``ascendc_pack_runtime.include_dir()`` when the distribution is installed and falls
-    back to the source layout (``runtime/include`` next to ``runtime/ascendc_pack_runtime``)."""
-    import ascendc_pack_runtime as rt
-
-    candidates = []
-    try:
-        candidates.append(Path(rt.include_dir()))
-    except (ImportError, TypeError, ValueError):
-        pass
-    candidates.append(Path(rt.__file__).resolve().parent.parent / "include")
-    for d in candidates:
-        if (d / "ascendc_pack" / "kernel_abi.h").is_file():
-            return d
-    raise CompileError("cannot find the runtime headers (ascendc_pack/kernel_abi.h) in "
-                       f"{', '.join(map(str, candidates))}; reinstall ascendc-pack "
-                       "(pip install -e . from the source tree)")
-
-
-def _compiler_path(cxx: str) -> str:
-    path = shutil.which(cxx)
-    if path is None:
-        raise CompileError(f"C++ compiler {cxx!r} not found on PATH; install g++ "
-                           "(e.g. apt-get install g++) or put it on PATH")
-    return path
-
-
-def _compiler_env() -> dict[str, str]:
-    return {**os.environ, "LC_ALL": "C"}  # plain ASCII diagnostics
-
-
-def _run_probe(cmd: list[str]) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              errors="replace", timeout=PROBE_TIMEOUT_S, env=_compiler_env())
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise CompileError(f"cannot run the C++ compiler ({shlex.join(cmd)}): {e}") from e
-
-
-@lru_cache(maxsize=None)
-def compiler_identity(cxx: str = DEFAULT_CXX) -> str:
-    """``"<realpath of cxx> <first line of cxx --version>"`` (cached per process)."""
-    real = os.path.realpath(_compiler_path(cxx))
-    out = _run_probe([real, "--version"])
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
-        raise CompileError(f"{real} --version failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
-    return f"{real} {lines[0].strip()}"
 
 
 def compile_flags(march: str) -> list[str]:
@@ -230,129 +171,7 @@ def _hashed_flags(march: str) -> str:
     """The flags with the (machine-specific) include path replaced by the headers' content."""
     inc = runtime_include_dir()
     flags = [f if f != f"-I{inc}" else "-I<ascendc_pack_runtime/include>" for f in compile_flags(march)]
-    h = hashlib.sha256()
-    for p in sorted(inc.rglob("*.h")):
-        h.update(p.relative_to(inc).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    return " ".join(flags) + f" headers={h.hexdigest()}"
-
-
-# Compiler macro -> Linux /proc/cpuinfo flag name, so a loader's host check is a subset test.
-_X86_FEATURES = {
-    "__SSE__": "sse", "__SSE2__": "sse2", "__SSE3__": "pni", "__SSSE3__": "ssse3",
-    "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2", "__SSE4A__": "sse4a", "__POPCNT__": "popcnt",
-    "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__FMA4__": "fma4", "__F16C__": "f16c",
-    "__BMI__": "bmi1", "__BMI2__": "bmi2", "__LZCNT__": "abm", "__MOVBE__": "movbe",
-    "__AES__": "aes", "__PCLMUL__": "pclmulqdq", "__SHA__": "sha_ni", "__ADX__": "adx",
-    "__RDRND__": "rdrand", "__RDSEED__": "rdseed", "__VAES__": "vaes",
-    "__VPCLMULQDQ__": "vpclmulqdq", "__GFNI__": "gfni",
-    "__AVX512F__": "avx512f", "__AVX512CD__": "avx512cd", "__AVX512BW__": "avx512bw",
-    "__AVX512DQ__": "avx512dq", "__AVX512VL__": "avx512vl", "__AVX512IFMA__": "avx512ifma",
-    "__AVX512VBMI__": "avx512vbmi", "__AVX512VBMI2__": "avx512_vbmi2",
-    "__AVX512VNNI__": "avx512_vnni", "__AVX512BITALG__": "avx512_bitalg",
-    "__AVX512VPOPCNTDQ__": "avx512_vpopcntdq", "__AVX512BF16__": "avx512_bf16",
-    "__AVX512FP16__": "avx512_fp16", "__AVXVNNI__": "avx_vnni",
-    "__AMXTILE__": "amx_tile", "__AMXBF16__": "amx_bf16", "__AMXINT8__": "amx_int8",
-    "__AMX_TILE__": "amx_tile", "__AMX_BF16__": "amx_bf16", "__AMX_INT8__": "amx_int8",
-}
-_ARM_FEATURES = {
-    "__ARM_NEON": "asimd", "__ARM_FEATURE_SVE": "sve", "__ARM_FEATURE_SVE2": "sve2",
-    "__ARM_FEATURE_DOTPROD": "asimddp", "__ARM_FEATURE_FP16_VECTOR_ARITHMETIC": "asimdhp",
-    "__ARM_FEATURE_FP16_SCALAR_ARITHMETIC": "fphp", "__ARM_FEATURE_BF16": "bf16",
-    "__ARM_FEATURE_MATMUL_INT8": "i8mm", "__ARM_FEATURE_SVE_BF16": "svebf16",
-    "__ARM_FEATURE_SVE_MATMUL_INT8": "svei8mm", "__ARM_FEATURE_ATOMICS": "atomics",
-    "__ARM_FEATURE_CRC32": "crc32", "__ARM_FEATURE_AES": "aes", "__ARM_FEATURE_SHA2": "sha2",
-}
-
-
-# g++ option enabling an x86 feature macro, where it is not the macro's name in lower case.
-_X86_OPTION = {"__SSE4_1__": "sse4.1", "__SSE4_2__": "sse4.2", "__AMX_TILE__": "amx-tile",
-               "__AMX_BF16__": "amx-bf16", "__AMX_INT8__": "amx-int8", "__AMXTILE__": "amx-tile",
-               "__AMXBF16__": "amx-bf16", "__AMXINT8__": "amx-int8"}
-
-
-def _macros(flags: tuple[str, ...], cxx: str) -> set[str]:
-    cmd = [_compiler_path(cxx), *flags, "-dM", "-E", "-x", "c++", "-"]
-    out = _run_probe(cmd)
-    if out.returncode != 0:
-        raise ConfigError(f"{cxx} rejected {' '.join(flags)}: {out.stderr.strip()[-500:]}. Pass a "
-                          "-march value this compiler supports (e.g. native, x86-64-v3)")
-    return {line.split()[1] for line in out.stdout.splitlines()
-            if line.startswith("#define ") and len(line.split()) >= 2}
-
-
-def _feature_table(macros: set[str]) -> dict[str, str]:
-    if "__x86_64__" in macros or "__i386__" in macros:
-        return _X86_FEATURES
-    if "__aarch64__" in macros or "__arm__" in macros:
-        return _ARM_FEATURES
-    return {}
-
-
-@lru_cache(maxsize=None)
-def _target_flags(march: str, cxx: str) -> tuple[str, ...]:
-    flags = (f"-march={march}",)
-    if march != "native":
-        return flags
-    # g++ reads -march=native from CPUID; a hypervisor may hide a feature from /proc/cpuinfo
-    # that CPUID still reports (seen here: rdseed). Turn such features off so the code never
-    # uses what the OS does not promise and the manifest's ISA list stays a subset of cpuinfo.
-    host = host_cpu_flags()
-    macros = _macros(flags, cxx)
-    table = _feature_table(macros)
-    if not host or table is not _X86_FEATURES:
-        return flags
-    hidden = sorted(_X86_OPTION.get(m, m.strip("_").lower()) for m, name in table.items()
-                    if m in macros and name not in host)
-    return flags + tuple(f"-mno-{opt}" for opt in dict.fromkeys(hidden))
-
-
-def target_flags(march: str, cxx: str = DEFAULT_CXX) -> list[str]:
-    """The ``-march`` flags of kernels and graph.so: ``-march=<march>``, and for ``native`` a
-    ``-mno-<feature>`` for every feature the compiler would enable that this host's
-    ``/proc/cpuinfo`` does not list."""
-    return list(_target_flags(march, cxx))
-
-
-@lru_cache(maxsize=None)
-def _isa_features(march: str, cxx: str) -> tuple[str, ...]:
-    macros = _macros(_target_flags(march, cxx), cxx)
-    table = _feature_table(macros)
-    return tuple(sorted({name for macro, name in table.items() if macro in macros}))
-
-
-def isa_features(march: str, cxx: str = DEFAULT_CXX) -> list[str]:
-    """ISA features code built with ``-march=<march>`` may use, read from the compiler's
-    predefined macros, as sorted Linux ``/proc/cpuinfo`` flag names (``avx2``, ``fma``,
-    ``avx512f``, ``avx512_bf16``, ... on x86-64; ``asimd``, ``sve``, ``bf16``, ... on aarch64).
-    A host can run the kernels iff these are a subset of its cpuinfo flags."""
-    return list(_isa_features(march, cxx))
-
-
-def host_cpu_flags() -> set[str]:
-    """This host's CPU flags from ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on arm);
-    empty when unavailable."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
-
-
-def package_version() -> str:
-    """``ascendc_pack.__version__``, else the installed distribution's version, else "0.0.0"."""
-    import ascendc_pack
-
-    version = getattr(ascendc_pack, "__version__", None)
-    if version:
-        return str(version)
-    try:
-        return importlib.metadata.version("ascendc-pack")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.0.0"
+    return " ".join(flags) + f" headers={headers_hash()}"
 
 
 def artifact_hash(spec_text: str, template_version: str, core_limit: int | None, march: str,
@@ -426,7 +245,12 @@ def _write_debug(ctx: _Ctx, kernel_name: str, cs: CandidateSource, cmd_text: str
 
 @dataclass
 class _Ctx:
-    """Settings shared by every compile of one compile_kernels call."""
+    """Settings and state shared by every compile of one compile_kernels call.
+
+    Compiler processes run in their own session, so a Ctrl-C in the terminal reaches only the
+    build: it calls :meth:`cancel`, which kills the running compilers; their workers then raise
+    CompileCancelled instead of recording a (false) failure of the candidate.
+    """
 
     cxx: str
     flags: list[str]
@@ -434,24 +258,50 @@ class _Ctx:
     lock_timeout_s: float
     debug_root: Path | None
     progress: Callable[[int], None] | None
-    _progress_lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _running: set = field(default_factory=set)
 
     def tick(self) -> None:
-        if self.progress is not None:
-            with self._progress_lock:
+        if self.progress is not None and not self._cancelled.is_set():
+            with self._lock:
                 self.progress(1)
 
     def command(self, cpp: Path, out: Path) -> list[str]:
         return [self.cxx, *self.flags, "-o", str(out), str(cpp)]
 
+    def cancel(self) -> None:
+        """Stop: kill the running compilers; candidates not yet started are not compiled."""
+        self._cancelled.set()
+        with self._lock:
+            for proc in self._running:
+                if proc.returncode is None:  # not reaped yet, so its pid is still its own
+                    kill_compiler(proc)
+
+    def track(self, proc: subprocess.Popen, running: bool) -> None:
+        """Register a running compiler so :meth:`cancel` can kill it (compile_atomically's hook)."""
+        with self._lock:
+            if running:
+                self._running.add(proc)
+                if self._cancelled.is_set():
+                    kill_compiler(proc)
+            else:
+                self._running.discard(proc)
+
+    def run(self, compile_one: Callable[[], object]) -> None:
+        """Run one compile unless the build was cancelled; raise CompileCancelled when the build
+        was interrupted before or during it (its outcome is then not the candidate's fault)."""
+        if self._cancelled.is_set():
+            raise CompileCancelled()
+        try:
+            compile_one()
+        finally:
+            if self._cancelled.is_set():
+                raise CompileCancelled()
+
 
 def _source_sha(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
-
-
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= OUTPUT_TAIL_CHARS else "..." + text[-OUTPUT_TAIL_CHARS:]
 
 
 def _cached_failure(kd: KernelDir, cs: CandidateSource) -> str | None:
@@ -502,7 +352,7 @@ def _failure_text(kd: KernelDir, cs: CandidateSource, reason: str, cmd: list[str
     c = cs.candidate
     return (f"failed to compile candidate {c.kernel_key} (tiling {c.optimize_tiling_text}) of kernel "
             f"{kd.kernel_name}: {reason}\nsource: {kd.kernel_cpp(c.kernel_key)}\n"
-            f"command: {shlex.join(cmd)}\n--- compiler output (tail) ---\n{_tail(output)}")
+            f"command: {shlex.join(cmd)}\n--- compiler output (tail) ---\n{output_tail(output)}")
 
 
 def _compile_candidate(kd: KernelDir, cs: CandidateSource, ctx: _Ctx) -> CompiledCandidate:
@@ -511,38 +361,36 @@ def _compile_candidate(kd: KernelDir, cs: CandidateSource, ctx: _Ctx) -> Compile
     key = cs.candidate.kernel_key
     cpp, so = kd.kernel_cpp(key), kd.kernel_so(key)
     atomic_write_text(cpp, cs.source)
-    tmp = temp_path_for(so)
-    cmd = ctx.command(cpp, tmp)
-    STATS.add("compiler_calls")
+    cmd = ctx.command(cpp, temp_path_for(so))  # replaced by the command actually run
+
+    def command(tmp: Path) -> list[str]:
+        nonlocal cmd
+        cmd = ctx.command(cpp, tmp)
+        return cmd
+
     error, cacheable = None, False
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace",
-                              timeout=ctx.timeout_s, env=_compiler_env())
-        if proc.returncode != 0:
-            error = _failure_text(kd, cs, f"exit code {proc.returncode}", cmd, proc.stdout)
-            cacheable = True
+        ctx.run(lambda: compile_atomically(
+            command, so, timeout_s=ctx.timeout_s, track=ctx.track,
+            validate=lambda tmp: describe_library(tmp, expected_key=key, expected_name=kd.kernel_name)))
+    except OutputRejected as e:
+        error = _failure_text(kd, cs, f"the library failed validation: {e.__cause__}", cmd, e.output)
+        cacheable = True
+    except CompilerFailed as e:
+        if e.returncode < 0:  # killed by a signal (not by us: that is CompileCancelled): not its fault
+            reason = f"the compiler was killed by {signal.Signals(-e.returncode).name}"
+            error = _failure_text(kd, cs, reason, cmd, e.output)
         else:
-            try:
-                describe_library(tmp, expected_key=key, expected_name=kd.kernel_name)
-                os.replace(tmp, so)
-            except KernelLibraryError as e:
-                error = _failure_text(kd, cs, f"the library failed validation: {e}", cmd, proc.stdout)
-                cacheable = True
-    except subprocess.TimeoutExpired as e:
-        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
-        error = _failure_text(kd, cs, f"timed out after {ctx.timeout_s:g} s", cmd, out)
-    except OSError as e:
-        error = _failure_text(kd, cs, f"cannot run the compiler: {e}", cmd, "")
-    finally:
-        tmp.unlink(missing_ok=True)
+            error = _failure_text(kd, cs, str(e), cmd, e.output)
+            cacheable = True
+    except (CompilerTimeout, CompilerNotRunnable) as e:
+        error = _failure_text(kd, cs, str(e), cmd, e.output)
     cmd_text = (f"# cwd: {os.getcwd()}\n# output is written to a temporary name, then renamed "
                 f"onto {so}\n{shlex.join(cmd)}\n")
     _write_debug(ctx, kd.kernel_name, cs, cmd_text, error)
     if error is None:
         kd.compile_error(key).unlink(missing_ok=True)
         return CompiledCandidate(cs.candidate, so, None, compiled=True)
-    STATS.add("failures")
     log.warning("%s", error.splitlines()[0])
     header = f"{_ERROR_HEADER} cacheable={int(cacheable)} source_sha256={_source_sha(cs.source)}"
     atomic_write_text(kd.compile_error(key), f"{header}\n{error}\n")
@@ -563,7 +411,6 @@ def _build_kernel(build: KernelBuild, root: Path, ctx: _Ctx,
             if hit is None:
                 todo.append(i)
                 continue
-            STATS.add("cache_hits")
             so = kd.kernel_so(cs.candidate.kernel_key)
             cmd_text = f"# cache hit: {so} was reused; this command rebuilds it\n" \
                        f"{shlex.join(ctx.command(kd.kernel_cpp(cs.candidate.kernel_key), so))}\n"
@@ -597,7 +444,7 @@ def compile_kernels(builds: list[KernelBuild], config: BuildConfig,
     a candidate that fails to compile is recorded in its CompiledCandidate, never raised."""
     if not builds:
         return []
-    ctx = _Ctx(cxx=_compiler_path(cxx), flags=compile_flags(config.march), timeout_s=timeout_s,
+    ctx = _Ctx(cxx=compiler_path(cxx), flags=compile_flags(config.march), timeout_s=timeout_s,
                lock_timeout_s=lock_timeout_s, progress=progress,
                debug_root=(Path(debug_root) if debug_root is not None else Path.cwd() / DEBUG_DIRNAME)
                if config.debug else None)
@@ -609,7 +456,9 @@ def compile_kernels(builds: list[KernelBuild], config: BuildConfig,
         futures = [kernels.submit(_build_kernel, b, root, ctx, pool) for b in builds]
         try:
             return [f.result() for f in futures]
-        except BaseException:
+        except BaseException:  # Ctrl-C (or a lock timeout): stop every compile, record nothing
+            ctx.cancel()
             for f in futures:
                 f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
             raise

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .backend import DEFAULT_BACKEND, check_backend_name
 from .errors import ConfigError
 
 ENV_TOPN = "TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN"
@@ -74,7 +75,8 @@ class BuildConfig:
     ``topn``: candidates per kernel (1 = no PGO); ``cache_dir``: the Inductor cache root, kernels
     live under ``cache_dir/ascendc``; ``jobs``: parallel candidate compiles (1 = serial, in the
     calling thread); ``debug``: keep sources and compile commands under ``torch_compile_debug/``;
-    ``cores``: core limit (None = every usable core); ``march``: g++ ``-march=`` value.
+    ``cores``: core limit (None = every usable core); ``march``: g++ ``-march=`` value;
+    ``backend``: the target device's backend (:mod:`ascendc_pack.backend`; only ``cpu`` today).
     """
 
     topn: int = 1
@@ -83,6 +85,7 @@ class BuildConfig:
     debug: bool = False
     cores: int | None = None
     march: str = DEFAULT_MARCH
+    backend: str = DEFAULT_BACKEND
 
     def __post_init__(self):
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
@@ -93,10 +96,11 @@ class BuildConfig:
         if self.cores is not None:
             _check_cores(self.cores, "cores")
         _check_march(self.march, "march")
+        check_backend_name(self.backend)
 
     @classmethod
     def resolve(cls, topn: Any = None, cache_dir: Any = None, jobs: Any = None, debug: bool | None = None,
-                cores: Any = None, march: str | None = None,
+                cores: Any = None, march: str | None = None, backend: str | None = None,
                 env: Mapping[str, str] = os.environ) -> BuildConfig:
         """Combine explicit values (CLI/API, ``None`` = not given), ``env`` and the defaults.
 
@@ -111,6 +115,7 @@ class BuildConfig:
             debug=_resolve_debug(debug, env),
             cores=None if cores is None else _check_cores(cores, "--cores"),
             march=DEFAULT_MARCH if march is None else _check_march(march, "--march"),
+            backend=DEFAULT_BACKEND if backend is None else check_backend_name(backend, "--backend"),
         )
 
     @property
@@ -126,7 +131,7 @@ class BuildConfig:
     def to_json(self) -> dict:
         """Plain-data form (for logs and the manifest)."""
         return {"topn": self.topn, "cache_dir": str(self.cache_dir), "jobs": self.jobs,
-                "debug": self.debug, "cores": self.cores, "march": self.march}
+                "debug": self.debug, "cores": self.cores, "march": self.march, "backend": self.backend}
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -24,5 +24,9 @@ class CaptureError(PackError):
     """torch.export could not capture the model, or the graph holds something we cannot run."""
 
 
+class VerificationError(PackError):
+    """A new bundle does not match eager PyTorch (or does not load); nothing was written."""
+
+
 class CompileError(PackError):
     """A compiler invocation failed (command, output tail and source path are in the message)."""

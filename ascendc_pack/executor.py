@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch.utils import _pytree as pytree
+
+from ascendc_pack_runtime.outputs import OutputBuilder
 
 from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref
 
@@ -92,4 +93,4 @@ def run_model(mp: ModelProgram, weights: dict[str, torch.Tensor], inputs, run_fu
             if name in mp.mutations:
                 inputs[i].copy_(by_name[mp.mutations[name]])
         flat = [by_name[o] for o in mp.user_outputs]
-    return pytree.tree_unflatten(flat, pytree.treespec_loads(mp.out_spec))
+    return OutputBuilder(mp.out_tree)(flat)

@@ -539,17 +539,10 @@ def _make_fused_step(fuser: Fuser, an: Analysis) -> FusedStep:
             inputs.append(op.base)
     ref_steps = sorted(set(an.members) | set(an.view_steps))
     layouts = {n: fuser._layout(n)[1] for n in inputs}
-    spec = build_spec(an, [g.steps[i] for i in an.members], inputs, fuser.values, layouts)
-    digest = spec.digest()
-    ops = []
-    for i in an.members:
-        name = g.steps[i].op.split(".")[1].lstrip("_")
-        if name not in ops:
-            ops.append(name)
-    label = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "")
-    name = f"fused_{label}_{digest[:10]}"
-    return FusedStep(name=name, inputs=inputs, outputs=list(an.outputs),
-                     steps=[g.steps[i] for i in ref_steps], kernel=replace(spec, name=name))
+    # named after the computation alone: every step computing the same shares the kernel
+    spec = build_spec(an, [g.steps[i] for i in an.members], inputs, fuser.values, layouts).named()
+    return FusedStep(name=spec.name, inputs=inputs, outputs=list(an.outputs),
+                     steps=[g.steps[i] for i in ref_steps], kernel=spec)
 
 
 def _toposort(steps: list[Step], inputs: list[str]) -> list[Step]:
@@ -577,11 +570,7 @@ def _toposort(steps: list[Step], inputs: list[str]) -> list[Step]:
 
 def fuse(model: ModelProgram) -> ModelProgram:
     """Fuse a captured model's Program (stage 2 of the pipeline)."""
-    return ModelProgram(
-        name=model.name, program=fuse_program(model.program), weights=model.weights,
-        weight_fqns=model.weight_fqns, user_inputs=model.user_inputs, mutations=model.mutations,
-        user_outputs=model.user_outputs, out_spec=model.out_spec,
-    )
+    return replace(model, program=fuse_program(model.program))
 
 
 __all__ = ["fuse", "fuse_program", "is_fusible", "Fuser", "Analysis"]

@@ -12,12 +12,18 @@ A spec's iteration space is the product of ``axes``; every node is evaluated at 
 (a node ignores the axes it does not vary over). Nodes are in topological order and refer to
 each other by ``id`` (their position). Loads carry per-axis element strides and an offset into
 their input; reductions reduce exactly ``reduce_axes``; outputs are stored contiguously in their
-own shape, given as per-axis strides. Its JSON form (:meth:`KernelSpec.to_json`) is what the
-kernel name digest and the compile cache key hash, so it never changes silently::
+own shape, given as per-axis strides.
 
-    {"version": 1, "axes": [sizes], "reduce_axes": [axis ids],
-     "inputs": [{"name", "dtype", "shape", "stride"}],
-     "outputs": [{"name", "dtype", "shape", "node", "strides"}],
+A spec is the computation only: which program values a use of the kernel reads and writes is
+the :class:`~ascendc_pack.program.FusedStep`'s business. So two steps computing the same thing
+on the same shapes, strides and dtypes have equal specs, hence one kernel name (derived from
+the spec alone), one candidate set, one compile, one PGO measurement and one library in the
+bundle. Its JSON form (:meth:`KernelSpec.to_json`) is what the kernel name digest and the
+compile cache key hash, so it never changes silently::
+
+    {"version": 2, "axes": [sizes], "reduce_axes": [axis ids],
+     "inputs": [{"dtype", "shape", "stride"}],
+     "outputs": [{"dtype", "shape", "node", "strides"}],
      "nodes": [{"kind": "load"|"const"|"op"|"reduce", ..., "id"}], "name": ...}
 """
 
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import ClassVar, Union
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2  # 2: no value names (kernels are shared by every step computing the same)
 
 
 class SpecError(ValueError):
@@ -174,28 +180,25 @@ Node = Union[LoadNode, ConstNode, OpNode, ReduceNode]
 class KernelInput:
     """One kernel input: the strides it is assumed to have at run time."""
 
-    name: str
     dtype: str
     shape: tuple[int, ...]
     stride: tuple[int, ...]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride)}
+        return {"dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride)}
 
 
 @dataclass(frozen=True)
 class KernelOutput:
     """One kernel output: node ``node`` stored contiguously in ``shape`` (per-axis ``strides``)."""
 
-    name: str
     dtype: str
     shape: tuple[int, ...]
     node: int
     strides: tuple[int, ...]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "node": self.node,
-                "strides": list(self.strides)}
+        return {"dtype": self.dtype, "shape": list(self.shape), "node": self.node, "strides": list(self.strides)}
 
 
 @dataclass(frozen=True)
@@ -235,20 +238,36 @@ class KernelSpec:
         """md5 of the unnamed spec's canonical JSON (the tail of the kernel name)."""
         return hashlib.md5(replace(self, name="").canonical_json().encode()).hexdigest()
 
+    def named(self) -> KernelSpec:
+        """This spec named after what it computes: ``fused_<first ops>_<digest>``. Equal
+        computations get equal names, so they share one kernel."""
+        ops: list[str] = []
+        for n in self.nodes:
+            if n.kind in (NodeKind.OP, NodeKind.REDUCE) and _LABEL.get(n.op, n.op) not in ops:
+                ops.append(_LABEL.get(n.op, n.op))
+        label = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "") or ("copy" if self.loads else "fill")
+        return replace(self, name=f"fused_{label}_{self.digest()[:10]}")
+
     @staticmethod
     def from_json(d: dict) -> KernelSpec:
         """Parse :meth:`to_json`'s form; raises :class:`SpecError` naming the bad field."""
+        if d.get("version") != SPEC_VERSION:
+            raise SpecError(f"kernel spec version {d.get('version')!r}, this ascendc-pack reads version "
+                            f"{SPEC_VERSION}: fuse the model again with this ascendc-pack")
         try:
             return KernelSpec(
                 version=_int(d["version"]), name=str(d.get("name", "")),
                 axes=_ints(d["axes"]), reduce_axes=_ints(d["reduce_axes"]),
-                inputs=tuple(KernelInput(str(i["name"]), str(i["dtype"]), _ints(i["shape"]), _ints(i["stride"]))
+                inputs=tuple(KernelInput(str(i["dtype"]), _ints(i["shape"]), _ints(i["stride"]))
                              for i in d["inputs"]),
-                outputs=tuple(KernelOutput(str(o["name"]), str(o["dtype"]), _ints(o["shape"]), _int(o["node"]),
-                                           _ints(o["strides"])) for o in d["outputs"]),
+                outputs=tuple(KernelOutput(str(o["dtype"]), _ints(o["shape"]), _int(o["node"]), _ints(o["strides"]))
+                              for o in d["outputs"]),
                 nodes=tuple(_node_from_json(n) for n in d["nodes"]))
         except (KeyError, TypeError, ValueError) as e:
             raise SpecError(f"malformed kernel spec: {type(e).__name__}: {e}") from None
+
+
+_LABEL = {"identity": "copy"}  # spec op names that read badly in a kernel name
 
 
 def _int(v) -> int:

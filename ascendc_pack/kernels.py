@@ -19,10 +19,10 @@ import torch
 from ascendc_pack_runtime.kernels import KernelLibrary
 from ascendc_pack_runtime.tensor_meta import DTYPES, same_layout
 
+from .backend import get_backend
 from .cache import atomic_write_text
-from .codegen import TEMPLATE_VERSION, render_kernel, template_env
-from .compiler import (CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, debug_dir_for,
-                       isa_features)
+from .codegen import TEMPLATE_VERSION, template_env
+from .compiler import CandidateSource, CompiledKernel, KernelBuild, debug_dir_for
 from .config import BuildConfig
 from .fusion_ir import KernelSpec
 from .program import FusedStep, Program
@@ -43,26 +43,24 @@ class KernelCandidates:
 
 
 def target_for(config: BuildConfig) -> Target:
-    return Target(cores=config.effective_cores)
+    return get_backend(config.backend).target(config)
 
 
 def prepare_kernels(program: Program, config: BuildConfig,
                     progress: Callable[[int], None] | None = None) -> dict[str, KernelCandidates]:
     """Propose, render and compile the candidates of every fused kernel (branches included)."""
-    target = target_for(config)
-    isa = ",".join(isa_features(config.march))
+    backend = get_backend(config.backend)
+    target = backend.target(config)
+    isa = ",".join(backend.isa(config))
     steps = {s.name: s for s in program.fused_steps()}  # identical kernels share a name
     builds, tilings = [], {}
     for name, step in steps.items():
         spec_text = step.kernel.canonical_json()
         tilings[name] = propose(step.kernel, target, config.topn)
-        sources = [CandidateSource(t.candidate, render_kernel(step.kernel, t.params, t.candidate.kernel_key,
-                                                             t.candidate.tiling_repr, t.candidate.workspace,
-                                                             t.candidate.block_dim, isa))
-                   for t in tilings[name]]
-        ahash = artifact_hash(spec_text, TEMPLATE_VERSION, config.cores, config.march)
+        sources = [CandidateSource(t.candidate, backend.render_kernel(step.kernel, t, isa)) for t in tilings[name]]
+        ahash = backend.artifact_hash(spec_text, TEMPLATE_VERSION, config)
         builds.append(KernelBuild(name, ahash, sources))
-    compiled = compile_kernels(builds, config, progress)
+    compiled = backend.compile(builds, config, progress)
     result = {b.kernel_name: KernelCandidates(steps[b.kernel_name], tilings[b.kernel_name], ck)
               for b, ck in zip(builds, compiled)}
     if config.debug:
@@ -82,6 +80,16 @@ def write_benchmark_script(kc: KernelCandidates, debug_root=None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
     return path
+
+
+def kernel_uses(program: Program) -> dict[str, list[dict]]:
+    """Every use of every fused kernel, by kernel name, in program order (branches included):
+    the value names each use reads and writes. Steps computing the same share one kernel (one
+    name), so a kernel can have many uses."""
+    uses: dict[str, list[dict]] = {}
+    for s in program.fused_steps():
+        uses.setdefault(s.name, []).append({"inputs": list(s.inputs), "outputs": list(s.outputs)})
+    return uses
 
 
 def total_candidates(program: Program, config: BuildConfig) -> int:

@@ -34,6 +34,7 @@ class LoadedModel:
     module: torch.nn.Module
     example_inputs: tuple[torch.Tensor, ...]
     calibration_inputs: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    output_names: list[str] | None = None
 
     @property
     def all_input_sets(self) -> list[tuple[torch.Tensor, ...]]:
@@ -80,8 +81,15 @@ def load_model_file(path: str | Path) -> LoadedModel:
             checked = _check_inputs(path, inputs, what)
             _check_same_signature(path, example, checked, what)
             calibration.append(checked)
+    output_names = None
+    if hasattr(module, "get_output_names"):
+        output_names = _call(path, module.get_output_names, "get_output_names")
+        if not isinstance(output_names, (list, tuple)) or not all(isinstance(n, str) for n in output_names):
+            raise ModelFileError(f"{path}: get_output_names() returned {type(output_names).__name__}; return a "
+                                 "list of strings, one name per output tensor, e.g. `return [\"logits\"]`.")
+        output_names = list(output_names)
     return LoadedModel(name=name, path=path, module=model, example_inputs=example,
-                       calibration_inputs=calibration)
+                       calibration_inputs=calibration, output_names=output_names)
 
 
 def _import_file(path: Path):

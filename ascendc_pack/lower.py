@@ -157,10 +157,10 @@ def build_spec(an: Analysis, member_steps: list[AtenStep], inputs: list[str], va
         for d, axis in enumerate(an.value_axes[name]):
             if axis is not None:
                 strides[axis] = contiguous[d]
-        outputs.append(KernelOutput(name, values[name].dtype, tuple(shape), b.node_of_value[name], tuple(strides)))
+        outputs.append(KernelOutput(values[name].dtype, tuple(shape), b.node_of_value[name], tuple(strides)))
     return merge_axes(KernelSpec(
         axes=tuple(an.axis_sizes), reduce_axes=tuple(sorted(an.reduce_axes)),
-        inputs=tuple(KernelInput(n, values[n].dtype, tuple(values[n].shape), tuple(layouts[n])) for n in inputs),
+        inputs=tuple(KernelInput(values[n].dtype, tuple(values[n].shape), tuple(layouts[n])) for n in inputs),
         outputs=tuple(outputs), nodes=tuple(b.nodes)))
 
 

@@ -5,16 +5,15 @@ load model.py -> capture -> fuse -> tile/render/compile -> tune (PGO) -> render 
 
 from __future__ import annotations
 
-import sys
-import time
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .capture import Captured, capture
-from .errors import PackError
+from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
+from .errors import PackError, VerificationError
 from .executor import run_model
 from .loader import LoadedModel, load_model_file
 
@@ -22,48 +21,30 @@ from .loader import LoadedModel, load_model_file
 def capture_file(model_file: str | Path) -> tuple[LoadedModel, Captured]:
     """Load a model.py and capture it (stage 1 of the pipeline)."""
     loaded = load_model_file(model_file)
-    captured = capture(loaded.module, _clone(loaded.example_inputs), name=loaded.name)
+    captured = capture(loaded.module, _clone(loaded.example_inputs), name=loaded.name,
+                       output_names=loaded.output_names)
     return loaded, captured
 
 
-def compare_outputs(expected, actual, atol: float = 1e-5, rtol: float = 1e-5) -> str | None:
-    """None if two output structures match, else a description of the first difference."""
-    exp_flat, exp_spec = pytree.tree_flatten(expected)
-    act_flat, act_spec = pytree.tree_flatten(actual)
-    if exp_spec != act_spec:
-        return f"output structure differs: expected {exp_spec}, got {act_spec}"
-    for i, (e, a) in enumerate(zip(exp_flat, act_flat)):
-        if not isinstance(e, torch.Tensor):
-            if e != a:
-                return f"output {i}: expected {e!r}, got {a!r}"
-            continue
-        if e.shape != a.shape or e.dtype != a.dtype:
-            return f"output {i}: expected {e.dtype}{list(e.shape)}, got {a.dtype}{list(a.shape)}"
-        if not torch.allclose(e, a, atol=atol, rtol=rtol, equal_nan=True):
-            diff = (e.double() - a.double()).abs().nan_to_num(0).max().item()
-            return f"output {i}: values differ (max abs diff {diff:.3g})"
-    return None
-
-
-def check_reference(loaded: LoadedModel, captured: Captured) -> list[str]:
-    """Run the reference executor on every input set and compare with eager.
+def check_reference(loaded: LoadedModel, captured: Captured, atol: float | None = None,
+                    rtol: float | None = None) -> list[str]:
+    """Run the reference executor on every input set and compare with eager (the accuracy rule
+    of ``ascendc_pack_runtime.accuracy``).
 
     Returns one report line per input set; raises PackError on the first mismatch.
     """
+    mp = captured.model
+    checks = check_against_eager(loaded.module, loaded.all_input_sets,
+                                 lambda *xs: run_model(mp, captured.weights, xs),
+                                 names=mp.output_names, atol=atol, rtol=rtol)
     lines = []
-    for k, inputs in enumerate(loaded.all_input_sets):
-        label = "example inputs" if k == 0 else f"calibration set {k - 1}"
-        eager_in, ref_in = _clone(inputs), _clone(inputs)
-        with torch.no_grad():
-            expected = loaded.module(*eager_in)
-        actual = run_model(captured.model, captured.weights, ref_in)
-        problem = compare_outputs(expected, actual)
-        for i, (e, r) in enumerate(zip(eager_in, ref_in)):
-            if problem is None and not torch.equal(e, r):
-                problem = f"input {i} after the call differs from eager's in-place result"
-        if problem:
-            raise PackError(f"reference executor does not match eager on {label}: {problem}")
-        lines.append(f"reference executor matches eager on {label}")
+    for c in checks:
+        if not c.ok:
+            raise PackError(f"reference executor does not match eager on {c.label}: {c.problem}. "
+                            "If the difference is acceptable, pass --atol/--rtol (or --no-check).")
+        worst = max(c.outputs, key=lambda o: o.max_error / o.allowed if o.allowed else 0, default=None)
+        tail = f" (worst {worst.describe()})" if worst is not None and worst.max_error else ""
+        lines.append(f"reference executor matches eager on {c.label}{tail}")
     return lines
 
 
@@ -75,65 +56,94 @@ def _clone(inputs) -> tuple[torch.Tensor, ...]:
 
 @dataclass
 class BuildResult:
-    """What :func:`build` produced: the bundle path, the choices and the timings of each stage."""
+    """What :func:`build` produced.
+
+    ``output`` is the bundle path, ``choices`` the tuned winner of every fused kernel,
+    ``fallbacks`` the kernels bundled as their ATen steps because no candidate passed, and
+    ``seconds`` the time of each stage (capture, fuse, compile, tune, graph_compile, bundle).
+    The counts are this build's own: ``kernels_compiled`` candidates run through the compiler,
+    ``cache_hits`` candidates reused from the cache, ``compile_failures`` candidates that failed
+    to compile, ``kernels_profiled`` kernels whose candidates were verified and timed,
+    ``candidates_disqualified`` candidates verification rejected.
+    """
 
     output: Path | None
     choices: dict
     seconds: dict[str, float]
     kernels_compiled: int
     kernels_profiled: int
+    cache_hits: int = 0
+    compile_failures: int = 0
+    candidates_disqualified: int = 0
+    fallbacks: dict = field(default_factory=dict)
+    verification: list = field(default_factory=list)   # InputSetCheck per input set; [] = not verified
 
     def summary(self) -> str:
         from .tune import summary_table
 
-        return summary_table(self.choices)
+        text = summary_table(self.choices, self.fallbacks)
+        if self.verification:
+            text += "\n\n" + verification_table(self.verification)
+        return text
 
 
-def _progress_bar(enabled: bool, length: int, label: str):
-    import contextlib
+def verification_table(checks: list) -> str:
+    """Per output, the largest error of the bundle against eager over every input set."""
+    worst: dict = {}
+    for c in checks:
+        for o in c.outputs:
+            w = worst.get(o.name)
+            if w is None or o.max_error * max(w.allowed, 1e-300) > w.max_error * max(o.allowed, 1e-300):
+                worst[o.name] = o
+    head = f"{'output':<40} {'max error':>10} {'allowed':>10}"
+    lines = [f"bundle vs eager on {len(checks)} input set(s):", head, "-" * len(head)]
+    for name, o in worst.items():
+        lines.append(f"{name[:40]:<40} {o.max_error:>10.3g} {o.allowed:>10.3g}")
+    return "\n".join(lines)
 
-    import click
 
-    if not enabled or length == 0:
-        return contextlib.nullcontext(None)
-    return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
+def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", config=None, progress=None,
+            output_names: list[str] | None = None):
+    """capture -> fuse -> tile/render/compile. Returns (captured, fused model, kernels, seconds).
 
-
-def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", config=None, progress: bool = False):
-    """capture -> fuse -> tile/render/compile. Returns (captured, fused model, kernels, seconds)."""
+    ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent).
+    """
     from .fuse import fuse
     from .kernels import prepare_kernels, total_candidates
+    from .progress import Progress
 
-    seconds = {}
-    t0 = time.perf_counter()
-    captured = capture(module, _clone(example_inputs), name=name)
-    seconds["capture"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fused = fuse(captured.model)
-    seconds["fuse"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with _progress_bar(progress, total_candidates(fused.program, config), "compiling kernels") as bar:
-        kernels = prepare_kernels(fused.program, config, bar.update if bar is not None else None)
-    seconds["compile"] = time.perf_counter() - t0
-    return captured, fused, kernels, seconds
+    progress = progress or Progress(enabled=False)
+    with progress.stage("capture"):
+        captured = capture(module, _clone(example_inputs), name=name, output_names=output_names)
+    with progress.stage("fuse"):
+        fused = fuse(captured.model)
+    with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
+        kernels = prepare_kernels(fused.program, config, st.advance)
+    return captured, fused, kernels, dict(progress.seconds)
 
 
 def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int | None = None,
-            cache_dir=None, calibration_inputs=None, jobs: int | None = None, debug: bool | None = None):
+            cache_dir=None, calibration_inputs=None, jobs: int | None = None, debug: bool | None = None,
+            backend: str | None = None, protocol=None):
     """Compile ``model`` into a Python-mode callable (no bundle, no graph .so), like torch.compile.
 
-    Fused kernels with several candidates tune themselves on their first call on that call's
-    real arguments; ``calibration_inputs`` (a list of input tuples) are run right away.
+    Fused kernels with several candidates verify and tune themselves on their first call on that
+    call's real arguments; ``calibration_inputs`` (a list of input tuples) are run right away.
+    ``protocol``: the PGO :class:`~ascendc_pack.autotune.Protocol` (default timings).
 
     Returns:
         A :class:`ascendc_pack.tune.PythonModeModule`; call it like the model.
     """
+    from .autotune import Protocol
+    from .backend import get_backend
     from .config import BuildConfig
     from .tune import PythonModeModule
 
-    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores)
+    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores,
+                                 backend=backend)
     captured, fused, kernels, _ = prepare(model, example_inputs, name=type(model).__name__, config=config)
-    pm = PythonModeModule(fused, captured.weights, kernels)
+    pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
+                          backend=get_backend(config.backend))
     for inputs in calibration_inputs or []:
         pm(*_clone(inputs))
     return pm
@@ -141,48 +151,105 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
 
 def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None, calibration_inputs=None,
           cores: int | None = None, cache_dir=None, jobs: int | None = None, debug: bool | None = None,
-          march: str | None = None, name: str | None = None, progress: bool = False) -> BuildResult:
+          march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
+          protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
+          output_names: list[str] | None = None) -> BuildResult:
     """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, DESIGN 2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
-    kernels no run reached keep candidate 0 and are reported unvisited.
+    kernels no run reached keep candidate 0 and are reported unvisited. Each candidate is
+    verified against the reference before it is timed; a kernel whose candidates all fail is
+    bundled as its ATen steps (with a warning). ``progress``: True reports every stage on
+    stderr (bars on a terminal, plain lines otherwise), or pass a
+    :class:`~ascendc_pack.progress.Progress`. ``protocol``: the PGO
+    :class:`~ascendc_pack.autotune.Protocol`.
+
+    With ``verify`` (the default) the new bundle is loaded with the runtime and compared with eager
+    on the example and calibration inputs (``ascendc_pack_runtime.accuracy``; ``atol``/``rtol``
+    override its tolerances) before it is moved to ``output``; a mismatch raises
+    :class:`~ascendc_pack.errors.VerificationError` and writes nothing there.
+    ``output_names``: one name per output tensor (default: dict keys, namedtuple fields,
+    ``output_<i>``).
 
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
     """
-    from . import autotune
-    from . import compiler as compile_stage
+    from .autotune import Protocol
+    from .backend import get_backend
     from .bundle import build_bundle
     from .config import BuildConfig
-    from .tune import PythonModeModule
+    from .progress import Progress
+    from .tune import PythonModeModule, inline_kernels
 
-    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march)
+    config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
+                                 backend=backend)
     name = name or type(model).__name__
-    calls0, prof0 = compile_stage.STATS.compiler_calls, autotune.STATS.kernels_profiled
-    captured, fused, kernels, seconds = prepare(model, example_inputs, name=name, config=config, progress=progress)
+    progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    out = Path(output) if output is not None else Path(f"{name}.ascpack")
+    if out.is_dir():
+        raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
+    captured, fused, kernels, _ = prepare(model, example_inputs, name=name, config=config, progress=progress,
+                                          output_names=output_names)
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
-    t0 = time.perf_counter()
-    n_tune = sum(1 for k in kernels.values() if len(k.compiled.candidates) > 1)
-    with _progress_bar(progress and n_tune > 0, n_tune, "tuning kernels ") as bar:
-        pm = PythonModeModule(fused, captured.weights, kernels,
-                              log_progress=(lambda _: bar.update(1)) if bar is not None else None)
+    pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
+                          backend=get_backend(config.backend))
+    with pm, progress.stage("tune", total=pm.pending()) as st:
+        pm.log_progress = lambda _: st.advance()
         for inputs in input_sets:
             pm(*_clone(inputs))
-    seconds["tune"] = time.perf_counter() - t0
-    choices = pm.choices()
-    t0 = time.perf_counter()
-    out = Path(output) if output is not None else Path(f"{name}.ascpack")
-    report = build_bundle(fused, captured.weights, choices, out, config)
-    seconds["bundle"] = time.perf_counter() - t0
+    choices, fallbacks = pm.choices(), pm.fallbacks()
+    # the graph engineer's render stage will report graph compile progress itself; until then the
+    # whole bundle stage shows its elapsed time and the graph compile's share is split off after
+    with progress.stage("bundle", label="graph compile + bundle"):
+        staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
+        report = build_bundle(inline_kernels(fused, fallbacks), captured.weights, choices, staged, config)
+    checks = []
+    if verify:
+        with progress.stage("verify", label="verify bundle vs eager"):
+            checks = _verify_bundle(model, input_sets, staged, out, captured.model.output_names, atol, rtol)
+    seconds = {k: v for k, v in progress.seconds.items() if k not in ("bundle", "verify")}
     seconds["graph_compile"] = report.graph.compile_seconds
-    return BuildResult(output=out, choices=choices, seconds=seconds,
-                       kernels_compiled=compile_stage.STATS.compiler_calls - calls0,
-                       kernels_profiled=autotune.STATS.kernels_profiled - prof0)
+    seconds["bundle"] = max(0.0, progress.seconds["bundle"] - report.graph.compile_seconds)
+    if verify:
+        seconds["verify"] = progress.seconds["verify"]
+    counts = pm.compile_counts
+    return BuildResult(output=out, choices=choices, seconds=seconds, kernels_compiled=counts.compiler_calls,
+                       kernels_profiled=pm.kernels_profiled, cache_hits=counts.cache_hits,
+                       compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
+                       fallbacks=fallbacks, verification=checks)
+
+
+def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:
+    """Load the staged bundle with the runtime, compare it with eager, then move it to ``out``;
+    on a mismatch (or a load failure) delete it and raise VerificationError."""
+    import ascendc_pack_runtime as rt
+
+    try:
+        try:
+            model = rt.load(staged)
+        except rt.BundleError as exc:
+            raise VerificationError(f"the new bundle does not load: {exc}") from None
+        try:
+            checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol)
+        finally:
+            model.close()
+        bad = [c for c in checks if not c.ok]
+        if bad:
+            kept = f"; the previous {out} was left as it was" if out.exists() else ""
+            raise VerificationError(
+                f"the new bundle does not match eager on {bad[0].label}: {bad[0].problem}. No bundle was "
+                f"written to {out}{kept}. If the difference is acceptable, rebuild with --atol/--rtol; "
+                "--no-verify skips this check. Otherwise please report it: it is a bug in ascendc-pack.")
+        os.replace(staged, out)
+        return checks
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def build_file(model_file, **kwargs) -> BuildResult:
     """:func:`build` for a model.py file (its calibration inputs included)."""
     loaded = load_model_file(model_file)
     kwargs.setdefault("output", Path(f"{loaded.name}.ascpack"))
+    kwargs.setdefault("output_names", loaded.output_names)
     return build(loaded.module, loaded.example_inputs, calibration_inputs=loaded.calibration_inputs,
                  name=loaded.name, **kwargs)

@@ -170,8 +170,10 @@ class ModelProgram:
 
     ``program.inputs`` is ``weights`` followed by ``user_inputs``. ``mutations`` maps a user input
     to the program output holding its new value (written back after each call);
-    ``user_outputs`` are the program outputs that form the model's result, and ``out_spec`` is
-    the pytree structure (JSON, ``torch.utils._pytree.treespec_dumps``) that rebuilds it.
+    ``user_outputs`` are the program outputs that form the model's result, ``out_tree`` the
+    structure that rebuilds it (``ascendc_pack_runtime.outputs``: tuples, lists, dicts,
+    namedtuples) and ``output_names`` one name per user output (dict keys, namedtuple fields,
+    ``output_<i>``, or the model file's ``get_output_names()``).
     """
 
     name: str
@@ -181,7 +183,8 @@ class ModelProgram:
     user_inputs: list[str]
     mutations: dict[str, str]
     user_outputs: list[str]
-    out_spec: str
+    out_tree: dict
+    output_names: list[str]
 
     def input_specs(self) -> list[TensorSpec]:
         return [self.program.values[n] for n in self.user_inputs]
@@ -198,7 +201,8 @@ class ModelProgram:
             "user_inputs": list(self.user_inputs),
             "mutations": dict(self.mutations),
             "user_outputs": list(self.user_outputs),
-            "out_spec": self.out_spec,
+            "out_tree": self.out_tree,
+            "output_names": list(self.output_names),
             "program": self.program.to_json(),
         }
 
@@ -217,7 +221,8 @@ class ModelProgram:
             user_inputs=list(d["user_inputs"]),
             mutations=dict(d["mutations"]),
             user_outputs=list(d["user_outputs"]),
-            out_spec=d["out_spec"],
+            out_tree=d["out_tree"],
+            output_names=list(d["output_names"]),
         )
 
     def dumps(self) -> str:
@@ -358,6 +363,26 @@ def dump_program(p: Program, indent: str = "  ") -> list[str]:
     return lines
 
 
+def aten_op_counts(program: Program) -> dict[str, int]:
+    """How many times each ATen operator is called as its own step (not inside a fused kernel),
+    branches included, most frequent first."""
+    counts: dict[str, int] = {}
+    for s in program.walk():
+        if isinstance(s, AtenStep):
+            counts[s.op] = counts.get(s.op, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def fusion_summary(fused: ModelProgram) -> str:
+    """One paragraph: fused kernels and the ATen calls that remain, with counts."""
+    kernels = fused.program.fused_steps()
+    n_fused_ops = sum(len(k.steps) for k in kernels)
+    ops = aten_op_counts(fused.program)
+    left = ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in ops.items()) or "none"
+    return (f"after fusion: {len(kernels)} fused kernels ({n_fused_ops} ops), "
+            f"{sum(ops.values())} ATen calls: {left}")
+
+
 def dump(mp: ModelProgram) -> str:
     """The whole model program as text (what ``ascendc-pack capture`` prints)."""
     v = mp.program.values
@@ -371,5 +396,8 @@ def dump(mp: ModelProgram) -> str:
         head.append("  mutates: " + ", ".join(f"%{i} <- %{o}" for i, o in mp.mutations.items()))
     fused = mp.program.fused_steps()
     n_steps = sum(1 for _ in mp.program.walk())
-    head.append(f"  steps:   {n_steps} ({len(fused)} fused kernels)")
+    distinct = len({s.name for s in fused})  # steps computing the same share a kernel
+    shared = f", {distinct} distinct" if distinct != len(fused) else ""
+    head.append(f"  steps:   {n_steps}" + (f" ({len(fused)} fused kernels{shared})" if fused else ""))
+    head.append("  outputs: " + ", ".join(f"{n}: {v[o].short()}" for n, o in zip(mp.output_names, mp.user_outputs)))
     return "\n".join(head + ["program:"] + dump_program(mp.program)) + "\n"

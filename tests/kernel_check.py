@@ -12,6 +12,7 @@ from ascendc_pack.executor import run_model, run_reference_fused
 from ascendc_pack.fuse import fuse
 from ascendc_pack.kernels import FusedKernel, prepare_kernels
 from ascendc_pack.program import dump
+from ascendc_pack.verify import tolerance  # the tolerances PGO verification uses too
 from ascendc_pack_runtime.kernels import KernelLibrary
 
 
@@ -30,10 +31,6 @@ class Report:
     candidates_run: int = 0
     failures: list = field(default_factory=list)
     program: object = None
-
-
-def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    return {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}.get(dtype, (2e-5, 2e-5))
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, atol=None, rtol=None) -> bool:

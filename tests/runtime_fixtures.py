@@ -18,7 +18,7 @@ import zstandard
 
 import ascendc_pack_runtime as rt
 from ascendc_pack.config import BuildConfig
-from ascendc_pack_runtime.bundle import host_cpu_flags
+from ascendc_pack_runtime.host import host_cpu_flags
 
 from . import bundle_fixtures
 from .bundle_fixtures import BuiltExample, build_model_file, build_root
@@ -218,6 +218,21 @@ def corpus(valid: Path) -> list[Case]:
     ]:
         add(f"field_{name}", edited(setter(path, value)), rt.ManifestFieldError)
 
+    # --- hostile manifests (issue 14): consistent lies, numbers no field holds, duplicate keys
+    add("output_aliases_unmutated_input", edited(lambda p: p.manifest["outputs"][0].update(input_index=0)),
+        rt.ManifestFieldError)
+    add("manifest_lists_signature", edited(setter(["members", "manifest.sig"], {"size": 1, "sha256": "0" * 64})),
+        rt.ManifestFieldError)
+    text = json.dumps(base.manifest, indent=1)
+    add("integer_of_5000_digits", edited(set_manifest_bytes(text.replace('"topn": 1', '"topn": ' + "9" * 5000)
+                                                            .encode())), rt.ManifestFieldError)
+    add("duplicate_key", edited(set_manifest_bytes(text.replace('"topn": 1', '"topn": 1, "topn": 2').encode())),
+        rt.ManifestJSONError)
+    add("declared_ratio_bomb", edited(lambda p: p.manifest["members"]["tuning.json"].update(size=60 << 30)),
+        rt.SizeLimitError)
+    add("signature_not_second", edited(lambda p: p.members.append([reg("manifest.sig", b"{}"), b"{}"])),
+        rt.ExtraMemberError)
+
     # --- corrupt / truncated stream
     add("truncated_half", raw[:len(raw) // 2], rt.CorruptArchiveError)
     add("truncated_checksum", raw[:-2], rt.CorruptArchiveError)
@@ -326,16 +341,70 @@ def corpus(valid: Path) -> list[Case]:
     def garbage_kernel(p):
         p.member(kfile)[1] = b"\x7fELF but not really"
     add("kernel_so_garbage", edited(garbage_kernel, resign=True), rt.GraphLoadError, before_load=False)
-    add("kernel_key_mismatch", edited(lambda p: p.manifest["kernels"][0].update(kernel_key="0" * 32)),
+    # consistent manifest (kernel_key is still md5 of its tiling), another kernel than graph.so's
+    add("kernel_name_mismatch", edited(lambda p: p.manifest["kernels"][0].update(name="fused_other")),
         rt.KernelMismatchError, before_load=False)
-    add("io_count_mismatch", edited(lambda p: p.manifest["outputs"].append(
-        {"name": "extra", "shape": [1], "dtype": "float32"})), rt.KernelMismatchError, before_load=False)
+    add("io_count_mismatch", edited(_one_more_output), rt.KernelMismatchError, before_load=False)
     return cases
+
+
+def _one_more_output(p) -> None:
+    """A manifest that agrees with itself (outputs and out_tree) but not with its graph.so."""
+    p.manifest["outputs"].append({"name": "extra", "shape": [1], "dtype": "float32"})
+    tree = p.manifest["out_tree"]
+    p.manifest["out_tree"] = {"kind": "tuple", "items": [tree, {"kind": "leaf"}]}
 
 
 def families(cls: type) -> set[str]:
     return {c.__name__ for c in cls.__mro__}
 
 
+# ----------------------------------------------------------------------------- the cache, as an attacker
+
+
+def run_bundle_binary(tmp_path_factory) -> Path:
+    """examples/cpp/run_bundle built once per session (g++ against this libtorch)."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    out = build_root(tmp_path_factory) / "cpp" / "run_bundle"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["sh", str(ROOT / "examples" / "cpp" / "build.sh"), str(out)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
+
+
+def refix_marker(directory: Path) -> None:
+    """Make the extraction's marker name the sha256 of its (edited) manifest.json, as an
+    attacker who can write the cache would."""
+    marker = directory / rt.bundle.VERIFIED_MARKER
+    doc = json.loads(marker.read_text())
+    doc["manifest_sha256"] = hashlib.sha256((directory / "manifest.json").read_bytes()).hexdigest()
+    marker.write_text(json.dumps(doc))
+
+
+def evil_library(tmp: Path, size: int, flag: Path) -> bytes | None:
+    """A shared library of exactly ``size`` bytes whose constructor creates ``flag`` (None when
+    a minimal library is larger than ``size`` or no C compiler is there)."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("gcc") or shutil.which("g++")
+    if cc is None:
+        return None
+    src = tmp / "evil.c"
+    src.write_text('#include <fcntl.h>\n#include <unistd.h>\n__attribute__((constructor)) static void evil(void) '
+                   f'{{ int fd = open("{flag}", O_CREAT | O_WRONLY, 0644); if (fd >= 0) close(fd); }}\n')
+    so = tmp / "evil.so"
+    subprocess.run([cc, "-x", "c", "-shared", "-fPIC", "-Os", "-s", str(src), "-o", str(so)], check=True)
+    data = so.read_bytes()
+    return data + b"\0" * (size - len(data)) if len(data) <= size else None
+
+
 __all__ = ["example", "eager_reference", "Parts", "parts_of", "pack", "tar_bytes", "zstd", "reg", "Case",
-           "corpus", "missing_host_feature", "families"]
+           "corpus", "missing_host_feature", "families", "run_bundle_binary", "refix_marker", "evil_library"]

@@ -142,6 +142,34 @@ class Server:
         self.stop()
 
 
+def raw_request(srv: Server, method: str, path: str, body: bytes = b"", headers: dict | None = None,
+                timeout: float = 60) -> tuple[int, bytes]:
+    """One request over a fresh http.client connection: (status, body)."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def eager(loaded, x: np.ndarray) -> np.ndarray:
+    """The example module's output for ``x`` (a copy: the module may not write into it)."""
+    with torch.no_grad():
+        return loaded.module(torch.from_numpy(x.copy())).numpy()
+
+
+def io_names(bundle: Path) -> tuple[str, str]:
+    """(first input name, first output name) of a bundle."""
+    from ascendc_pack_runtime import read_manifest
+
+    m = read_manifest(bundle)
+    return m["inputs"][0]["name"], m["outputs"][0]["name"]
+
+
 def infer(client, model: str, name_in: str, name_out: str, x: np.ndarray, binary: bool, version: str = ""):
     import tritonclient.http as httpclient
 

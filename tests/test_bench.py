@@ -1,22 +1,25 @@
-"""Smoke tests of the model benchmark (ascendc_pack/bench.py `model`, bench/run_all.py).
+"""Tests of the benchmark suite (ascendc_pack/bench/, bench/run_all.py).
 
-Tiny models, one or two rounds; nothing here asserts a timing. Each contender's code path
-(worker processes, AOTInductor, ONNX Runtime, bundles, cold start, kernel table, report, chart)
-runs at least once.
+The protocol and report logic run on fake timers and made-up rounds (no number here reaches a
+document); the real runs use tiny models, one to three rounds, and the cheapest contenders.
+Nothing asserts a wall-clock time.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from ascendc_pack import bench
+from ascendc_pack.bench import contention, extras, kernels, report, stats
+from ascendc_pack.bench.model import _Run, _summarize
 from ascendc_pack.cli import main
 
-from .conftest import ROOT
+from .conftest import EXAMPLES, ROOT
 
 TINY = """
 import torch
@@ -72,50 +75,235 @@ def get_example_inputs():
 """
 
 
+def _needs_ort():
+    for mod in extras.NEEDS["ort"]:
+        pytest.importorskip(mod, reason=f"the ONNX Runtime contender needs {mod} (bench extra)")
+
+
+# ---- the timing protocol on fake timers --------------------------------------------------------
+
+class FakeClock:
+    """A nanosecond clock that moves only when a fake contender 'runs'."""
+
+    def __init__(self):
+        self.ns = 0
+        self.calls: list[str] = []
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def contender(self, name: str, us_per_call):
+        """A callable advancing the clock by ``us_per_call`` (a number or an iterator of numbers)."""
+        it = iter(us_per_call) if not isinstance(us_per_call, (int, float)) else None
+
+        def fn():
+            self.calls.append(name)
+            self.ns += int(1000 * (next(it) if it else us_per_call))
+
+        return fn
+
+
+def test_percentile_spread_and_stability():
+    assert stats.percentile([1.0], 90) == 1.0
+    assert stats.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert stats.percentile(list(range(11)), 90) == pytest.approx(9.0)
+    s = stats.Spread.of([10.0, 10.0, 10.0, 10.0])
+    assert s.median == 10.0 and s.rel_iqr == 0.0 and s.stable
+    assert not stats.Spread.of([10.0, 10.0]).stable  # too few rounds to show a spread
+    noisy = stats.Spread.of([10.0, 12.0, 30.0, 9.0, 11.0])
+    assert noisy.rel_iqr == pytest.approx((12.0 - 10.0) / 11.0) and not noisy.stable
+    assert stats.Spread(0.0, 0.0, 0.0, 5).rel_iqr == float("inf")
+    with pytest.raises(ValueError):
+        stats.Spread.of([])
+
+
+def test_latency_stats_medians_over_calls_spread_over_rounds():
+    rounds = [[10.0, 10.0, 100.0], [11.0, 11.0, 11.0], [10.0, 12.0, 10.0], [10.0, 10.0, 10.0]]
+    s = stats.latency_stats(rounds)
+    assert s["median_us"] == 10.0 and s["calls"] == 12 and s["rounds"] == 4 and s["min_us"] == 10.0
+    assert s["round_medians_us"] == [10.0, 11.0, 10.0, 10.0]
+    assert s["p90_us"] == pytest.approx(stats.percentile([u for r in rounds for u in r], 90))
+    assert s["stable"] and s["spread"]["rel_iqr"] == pytest.approx(0.25 / 10.0)
+
+
+def test_paired_ratio_cancels_drift_and_rotation():
+    # the host slows down 3x halfway: each round's pair drifts together, the ratio does not
+    a = [10.0, 10.0, 30.0, 30.0]
+    b = [20.0, 20.0, 60.0, 60.0]
+    r = stats.paired_ratio(a, b)
+    assert r.median == 0.5 and r.rel_iqr == 0.0 and r.stable
+    assert stats.paired_ratio([], []) is None
+    assert stats.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert stats.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert stats.rotated([], 3) == []
+    assert stats.calls_per_sample(est_us=10.0, sample_us=1000.0) == 100
+    assert stats.calls_per_sample(est_us=1e9, sample_us=1000.0) == 1
+    assert stats.calls_per_sample(est_us=0.0, sample_us=1e9, cap=50) == 50
+
+
+def test_interleaved_stats_on_a_fake_clock():
+    clock = FakeClock()
+    fast = clock.contender("fast", 5.0)
+    slow = clock.contender("slow", 20.0)
+    out = stats.interleaved_stats({"fast": fast, "slow": slow}, rounds=4, target_us=40.0, clock=clock)
+    assert out["fast"]["median_us"] == 5.0 and out["slow"]["median_us"] == 20.0
+    assert out["fast"]["calls"] == 4 * 8 and out["slow"]["calls"] == 4 * 2  # samples of ~40 us
+    assert out["fast"]["stable"] and out["slow"]["stable"]
+    timed = clock.calls[6:]  # after 3 sizing calls each
+    firsts = [timed[0], timed[10], timed[20], timed[30]]  # each round: 8 fast + 2 slow calls
+    assert firsts == ["fast", "slow", "fast", "slow"]  # the order rotates every round
+
+
+def test_interleaved_stats_flags_a_noisy_contender():
+    clock = FakeClock()
+    jumpy = clock.contender("jumpy", iter([10.0] * 3 + [10.0, 50.0, 10.0, 90.0, 10.0, 10.0, 70.0]))
+    out = stats.interleaved_stats({"jumpy": jumpy}, rounds=7, target_us=1.0, clock=clock)
+    assert out["jumpy"]["rounds"] == 7 and not out["jumpy"]["stable"]
+
+
+# ---- the report logic on made-up rounds --------------------------------------------------------
+
+def _made_up_result(tmp_path, rounds_by_cid: dict, busy_by_cid: dict | None = None, load=(10.4, 9.7, 9.7),
+                    untimed: dict | None = None):
+    """A bench_model-shaped result from made-up per-call rounds, summarized by the real code;
+    ``untimed``: contenders that failed or were wrong (never timed)."""
+    res = {cid: {"label": bench.label(cid, 4), "status": "ok", "reason": None} for cid in rounds_by_cid}
+    res.update(untimed or {})
+    run = _Run(tmp_path / "m.py", tmp_path, 4, False, 1.0, lambda _: None)
+    run.res = res
+    result = {"model": str(tmp_path / "m.py"), "name": "m", "contenders": res, "ratios": {}, "best_peer": {},
+              "contention": {"busy": "made up"} if busy_by_cid else None, "cold_start": {}, "kernels": [],
+              "inputs": ["float32[2]"], "loadavg_start": list(load), "loadavg_end": list(load),
+              "config": {"topn": 4, "repeat": 5, "cold_runs": 0, "sample_ms": 1.0, "same_process": False,
+                         "cores": 2, "contention": bool(busy_by_cid), "busy_core": None, "rebuild": False,
+                         "torch_threads": 2, "torch": "x"}}
+    rounds = {"quiet": rounds_by_cid}
+    if busy_by_cid:
+        rounds["busy"] = busy_by_cid
+    _summarize(run, result, rounds)
+    return result
+
+
+def test_best_peer_ratio_and_unstable_rows(tmp_path):
+    steady = lambda us: [[us, us]] * 5  # noqa: E731
+    result = _made_up_result(tmp_path, {
+        "eager": steady(100.0), "ort": steady(50.0),
+        "compile": [[60.0], [200.0], [60.0], [300.0], [60.0]],  # noisy
+        "bundleN": steady(40.0)})
+    assert result["best_peer"]["bundleN"]["peer"] == "ort"
+    assert result["best_peer"]["bundleN"]["median"] == pytest.approx(0.8)
+    assert result["contenders"]["eager"]["ratio_bundleN"] == pytest.approx(0.4)
+    assert not result["contenders"]["compile"]["stable"]
+    text = bench.format_report(result)
+    assert "÷ best peer (ONNX Runtime (no spin)): 0.80 [0.80-0.80]" in text
+    assert "ok, UNSTABLE (spread" in text
+    assert "load average 10.40" in text and "BUSY HOST" in text
+    assert "0.67 [0.20-0.67] unstable" in text  # the ratio against the noisy contender says so
+
+
+def test_wrong_and_failed_contenders_are_not_peers(tmp_path):
+    result = _made_up_result(tmp_path, {"eager": [[100.0]] * 3, "bundleN": [[90.0]] * 3}, untimed={
+        "aoti": {"label": "AOTInductor (.pt2)", "status": "wrong",
+                 "reason": "output 0: max error 1 exceeds the allowed 1e-05"},
+        "ort": {"label": "ONNX Runtime (no spin)", "status": "failed", "reason": "build: boom"}})
+    assert set(result["ratios"]["bundleN"]) == {"eager", "bundleN"}
+    assert result["best_peer"]["bundleN"]["peer"] == "eager"
+    text = bench.format_report(result)
+    assert "WRONG (not timed): output 0: max error 1" in text and "FAILED: build: boom" in text
+
+
+def test_contention_slowdowns(tmp_path):
+    quiet = {"ort": [[10.0]] * 4, "bundleN": [[8.0]] * 4}
+    busy = {"ort": [[20.0]] * 4, "bundleN": [[12.0]] * 4}
+    result = _made_up_result(tmp_path, quiet, busy)
+    c = result["contention"]
+    assert c["slowdown"]["ort"]["median"] == pytest.approx(2.0)
+    assert c["slowdown"]["bundleN"]["median"] == pytest.approx(1.5)
+    assert c["vs_ort"]["bundleN"]["median"] == pytest.approx(0.75)
+    text = bench.format_report(result)
+    assert ".ascpack --topn 4 slowdown ÷ ONNX Runtime slowdown: 0.75" in text
+    no_ort = contention.slowdowns({"bundleN": [1.0] * 3}, {"bundleN": [2.0] * 3}, bench.BUNDLES)
+    assert no_ort["vs_ort"] == {} and no_ort["slowdown"]["bundleN"]["median"] == 2.0
+
+
+def test_noisy_kernel_timings_give_no_bandwidth_or_percentage(monkeypatch):
+    """The old report printed `copy GB/s 0.0` and `% of copy 80243%` from a noisy copy timing."""
+    stable = {"median_us": 10.0, "stable": True, "spread": {"rel_iqr": 0.01}}
+    lines = kernels._kernel_lines("k", 4096, {
+        "#0 t": stable, "eager": stable, "torch.compile": stable,
+        "memcpy (same bytes)": {"median_us": 8000.0, "stable": False, "spread": {"rel_iqr": 0.9}}})
+    assert "unstable (not derived from noisy rows)" in lines[-1] and "%" not in lines[-1]
+    assert "unstable" in lines[3] and " 0.0 " not in lines[3]
+    choices = {"k": {"spec": None, "chosen_index": 0, "visited": True, "candidate": {"tiling_repr": "t"},
+                     "results": [{"median_us": 2.0, "samples_us": [1.0, 2.0, 9.0, 30.0, 2.0]}]}}
+    monkeypatch.setattr(kernels, "kernel_bytes", lambda spec: 4096)
+    rows = kernels.model_kernel_rows(choices, rounds=3)
+    assert not rows[0]["winner_stable"] and rows[0]["gbs"] is None and "pct_of_copy" not in rows[0]
+    head, cells = report.kernel_rows({"kernels": rows})
+    assert cells[0][head.index("GB/s")] == "unstable" and cells[0][head.index("% of copy")] == "-"
+    assert kernels.fmt_gbs(0.0004) == "0.0004" and report.fmt_us(97755.8) == "97.8 ms"
+
+
+def test_missing_package_names_it_and_the_install_command(monkeypatch, write_model):
+    assert extras.missing(["json", "no_such_module_xyz"]) == ["no_such_module_xyz"]
+    monkeypatch.setattr(extras, "missing", lambda mods: [m for m in mods if m == "onnxscript"])
+    with pytest.raises(extras.MissingExtraError) as err:
+        bench.bench_model(write_model(TINY), contenders=["eager", "ort"], log=lambda _: None)
+    msg = str(err.value)
+    assert "`onnxscript`" in msg and "pip install 'ascendc-pack[bench]'" in msg
+    assert "--contenders eager,compile,compile_freeze,aoti,bundle1,bundleN" in msg
+    result = CliRunner().invoke(main, ["bench", str(write_model(TINY))])
+    assert result.exit_code == 1 and "pip install 'ascendc-pack[bench]'" in result.output
+    assert "No module named" not in result.output
+
+
+# ---- real runs ---------------------------------------------------------------------------------
 
 def _ok(result, cid):
     c = result["contenders"][cid]
     assert c["status"] == "ok", c
-    assert c["check"] == "ok" and c["max_abs_diff"] < 1e-4, c
-    assert c["median_us"] > 0 and c["p90_us"] >= c["median_us"] and c["calls"] >= 1
+    assert c["check"] == "ok" and c["max_error"] is not None, c
+    assert c["median_us"] > 0 and c["p90_us"] >= c["median_us"] and c["calls"] >= 1 and "spread" in c
     return c
 
 
-def test_percentile_and_reason():
-    assert bench._percentile([1.0], 90) == 1.0
-    assert bench._percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
-    assert bench._percentile(list(range(11)), 90) == pytest.approx(9.0)
-    assert bench._reason(RuntimeError("\n  first line\nsecond")) == "RuntimeError: first line"
-    assert len(bench._reason(ValueError("x" * 1000))) == 300
-
-
-def test_eager_and_onnxruntime_in_worker_processes(write_model, tmp_path):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
-    model = write_model(TINY)
-    r = bench.bench_model(model, contenders=["eager", "ort"], repeat=2, cold_runs=0, sample_ms=2,
-                          work_dir=tmp_path / "work", log=lambda _: None)
+def test_eager_and_onnxruntime_in_worker_processes_with_contention(write_model, tmp_path):
+    _needs_ort()
+    r = bench.bench_model(write_model(TINY), contenders=["eager", "ort"], repeat=2, cold_runs=0, sample_ms=2,
+                          work_dir=tmp_path / "work", contention=True, log=lambda _: None)
     _ok(r, "eager")
     ort_ = _ok(r, "ort")
-    assert ort_["size"] > 0 and ort_["build_s"] > 0 and ort_["rounds"] == 2
+    assert ort_["size"] > 0 and ort_["build_s"] > 0 and ort_["rounds"] == 2 and ort_["busy"]["rounds"] == 2
     assert (tmp_path / "work" / "logs" / "run-ort.log").exists()  # it ran in its own process
+    assert set(r["contention"]["slowdown"]) == {"eager", "ort"} and "not pinned" in r["contention"]["busy"]
     text = bench.format_report(r)
-    assert "ONNX Runtime" in text and "one process per contender" in text
+    assert "ONNX Runtime" in text and "one process per contender" in text and "slowdown" in text
+
+
+def test_example_against_bundle(tmp_path):
+    """A real run on an example with the cheapest contenders: eager and the --topn 1 bundle."""
+    r = bench.bench_model(EXAMPLES / "add_sum.py", topn=1, contenders=["eager", "bundle1"], repeat=3,
+                          cold_runs=0, sample_ms=2, same_process=True, log=lambda _: None)
+    _ok(r, "eager")
+    b = _ok(r, "bundle1")
+    assert b["candidate_compiles"] >= 1 and "tune" in b["stages"] and b["build_s"] > 0
+    assert r["best_peer"]["bundle1"]["peer"] == "eager" and r["best_peer"]["bundle1"]["n"] == 3
+    assert r["kernels"] and r["kernels_of"] == "bundle1"
+    text = bench.format_report(r)
+    assert ".ascpack --topn 1 ÷ best peer (eager)" in text and "candidate compiles" in text
 
 
 def test_failed_contenders_are_reported_not_raised(write_model):
-    model = write_model(DATA_DEPENDENT)
-    r = bench.bench_model(model, contenders=["eager", "aoti", "bundle1"], repeat=1, cold_runs=1,
-                          sample_ms=1, same_process=True, log=lambda _: None)
+    r = bench.bench_model(write_model(DATA_DEPENDENT), contenders=["eager", "aoti", "bundle1"], repeat=1,
+                          cold_runs=1, sample_ms=1, same_process=True, log=lambda _: None)
     _ok(r, "eager")
     for cid in ("aoti", "bundle1"):
         c = r["contenders"][cid]
         assert c["status"] == "failed" and c["reason"].startswith("build: "), c
     assert {k: e["error"] for k, e in r["cold_start"].items()} == {
         "pt2": "not run: AOTInductor (.pt2) failed", "ascpack": "not run: .ascpack --topn 1 failed"}
-    assert r["kernels"] == []
-    text = bench.format_report(r)
-    assert text.count("FAILED: build: ") == 2
+    assert r["kernels"] == [] and r["best_peer"] == {}
+    assert bench.format_report(r).count("FAILED: build: ") == 2
 
 
 def test_dead_worker_is_reported(write_model):
@@ -126,52 +314,52 @@ def test_dead_worker_is_reported(write_model):
 
 def test_model_that_raises_fails_every_contender(write_model):
     broken = write_model(TINY.replace("return torch.relu", "raise KeyError('boom'); return torch.relu"))
-    r = bench.bench_model(broken, contenders=["eager", "ort"], repeat=1, cold_runs=0, log=lambda _: None)
+    r = bench.bench_model(broken, contenders=["eager", "compile"], repeat=1, cold_runs=0, log=lambda _: None)
     for c in r["contenders"].values():
         assert c["status"] == "failed" and "eager reference run" in c["reason"] and "boom" in c["reason"], c
     assert "FAILED" in bench.format_report(r)
 
 
-@pytest.mark.slow
-def test_aoti_built_timed_and_cold_started(write_model):
-    r = bench.bench_model(write_model(TINY), contenders=["eager", "aoti"], repeat=1, cold_runs=1, sample_ms=1,
-                          same_process=True, log=lambda _: None)
-    c = _ok(r, "aoti")
-    assert c["size"] > 0 and c["build_s"] > 0
-    assert "ratio_bundleN" not in c and set(r["cold_start"]) == {"pt2"}
-    entry = r["cold_start"]["pt2"]
-    assert "error" not in entry and len(entry["runs"]) == 1 and entry["median_total_s"] > 0
-
-
-@pytest.mark.slow
-def test_bundles_with_cold_start_and_kernels(write_model):
-    """Two bundles (--topn 1 and 2) built, timed, cold-started; the kernel table."""
-    r = bench.bench_model(write_model(TINY), topn=2, contenders=["bundle1", "bundleN"], repeat=1, cold_runs=1,
-                          sample_ms=1, same_process=True, log=lambda _: None)
-    for cid in ("bundle1", "bundleN"):
-        c = _ok(r, cid)
-        assert c["size"] > 0 and c["build_s"] > 0 and "tune" in c["stages"]
-    assert r["contenders"]["bundleN"]["ratio_bundleN"] == pytest.approx(1.0)
-    assert set(r["cold_start"]) == {"ascpack"} and r["cold_start"]["ascpack"]["of"] == "bundleN"
-    entry = r["cold_start"]["ascpack"]
-    assert "error" not in entry and len(entry["runs"]) == 1 and entry["median_total_s"] > 0
-    assert r["kernels"] and r["kernels_of"] == "bundleN"
-    k = r["kernels"][0]
-    assert k["candidates"] == 2 and k["bytes"] > 0 and k["copy_us"] > 0 and k["winner_us"] > 0
-    text = bench.format_report(r)
-    assert "cold start" in text and "fused kernels of .ascpack --topn 2" in text
-
-
-def test_onnx_runtime_missing_an_inplace_update_is_flagged(write_model):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
+def test_onnx_runtime_missing_an_inplace_update_is_wrong_and_not_timed(write_model):
+    _needs_ort()
     model = write_model(TINY.replace("return torch.relu(x + y)", "x.add_(y)\n        return torch.relu(x)"))
     r = bench.bench_model(model, contenders=["eager", "ort"], repeat=1, cold_runs=0, sample_ms=1,
                           same_process=True, log=lambda _: None)
     assert r["contenders"]["eager"]["check"] == "ok"
     ort_ = r["contenders"]["ort"]
-    assert ort_["status"] == "ok" and ort_["max_abs_diff"] < 1e-5  # the outputs are right ...
-    assert ort_["check"].startswith("mismatch: input 0 after the call")  # ... x is not updated
+    assert ort_["status"] == "wrong" and ort_["max_error"] < 1e-5  # the outputs are right ...
+    assert ort_["reason"].startswith("input 0 after the call")  # ... x is not updated
+    assert "median_us" not in ort_ and "ort" not in r["ratios"].get("bundleN", {})
+
+
+@pytest.mark.slow
+def test_compile_freezing_and_aoti_built_timed_and_cold_started(write_model):
+    r = bench.bench_model(write_model(TINY), contenders=["eager", "compile_freeze", "aoti"], repeat=1, cold_runs=1,
+                          sample_ms=1, log=lambda _: None)
+    assert _ok(r, "compile_freeze")["build_s"] > 0  # its first call
+    c = _ok(r, "aoti")
+    assert c["size"] > 0 and c["build_s"] > 0 and set(r["cold_start"]) == {"pt2"}
+    entry = r["cold_start"]["pt2"]
+    assert "error" not in entry and len(entry["runs"]) == 1 and entry["median_total_s"] > 0
+
+
+@pytest.mark.slow
+def test_bundles_with_rebuild_cold_start_and_kernels(write_model):
+    """Two bundles (--topn 1 and 2) built, rebuilt warm, timed, cold-started; the kernel table."""
+    r = bench.bench_model(write_model(TINY), topn=2, contenders=["bundle1", "bundleN"], repeat=1, cold_runs=1,
+                          sample_ms=1, same_process=True, rebuild=True, log=lambda _: None)
+    for cid in ("bundle1", "bundleN"):
+        c = _ok(r, cid)
+        assert c["size"] > 0 and c["build_s"] > 0 and "tune" in c["stages"]
+    rb = r["contenders"]["bundleN"]["rebuild"]
+    assert rb["candidate_compiles"] == 0 and rb["build_s"] > 0  # the warm cache compiled nothing
+    assert r["ratios"]["bundleN"]["bundleN"]["median"] == pytest.approx(1.0)
+    assert r["best_peer"] == {}  # bundles only: no peer
+    entry = r["cold_start"]["ascpack"]
+    assert entry["of"] == "bundleN" and "error" not in entry and entry["median_total_s"] > 0
+    assert r["kernels"][0]["candidates"] == 2 and r["kernels"][0]["copy_us"] > 0
+    text = bench.format_report(r)
+    assert "cold start" in text and "fused kernels of .ascpack --topn 2" in text and "rebuild" in text
 
 
 def test_cli_bench_and_unknown_contender(write_model, tmp_path):
@@ -180,12 +368,14 @@ def test_cli_bench_and_unknown_contender(write_model, tmp_path):
     result = CliRunner().invoke(main, ["bench", str(model), "--contenders", "eager", "--same-process",
                                        "--repeat", "1", "--cold-runs", "0", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert "eager" in result.output and "median us" in result.output
+    assert "eager" in result.output and "median" in result.output and "load average" in result.output
     assert json.loads(out.read_text())["contenders"]["eager"]["status"] == "ok"
     result = CliRunner().invoke(main, ["bench", str(model), "--contenders", "tvm"])
     assert result.exit_code == 1 and "unknown contenders" in result.output
     result = CliRunner().invoke(main, ["bench", str(tmp_path / "missing.py")])
     assert result.exit_code == 1 and "no such file" in result.output
+    result = CliRunner().invoke(main, ["bench", str(model), "--contenders", "eager", "--contention", "--busy-core", "4096"])
+    assert result.exit_code == 1 and "--busy-core 4096 is not a core" in result.output
 
 
 def _run_all():
@@ -199,17 +389,51 @@ def test_run_all_writes_report(write_model, tmp_path):
     model = write_model(TINY, "tiny.py")
     out = tmp_path / "PERF.md"
     _run_all().main(["--models", str(model), "--contenders", "eager", "--same-process", "--repeat", "1",
-                     "--cold-runs", "0", "--sample-ms", "1", "--out", str(out)])
+                     "--cold-runs", "0", "--sample-ms", "1", "--no-contention", "--no-rebuild", "--no-chart", "--out", str(out)])
     text = out.read_text()
     assert "## Machine" in text and "run_all.py --models" in text and "### tiny" in text
-    assert "| eager |" in text and "vector ISA flags" in text
+    assert "| eager |" in text and "vector ISA flags" in text and "load average at start" in text
+    assert "## Build times" in text and "## Summary" in text
     assert not (tmp_path / "performance.png").exists()  # no bundle ratio, no chart
 
 
+def test_run_all_lists_examples_and_bench_models():
+    models = _run_all().MODELS
+    assert {"add_sum", "conv_block", "transformer_4x512"} <= set(models)
+    assert all(Path(p).is_file() for p in models.values()) and "_bench_deps" not in models
+
+
 def test_chart_is_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib (bench extra)")
+    ratio = lambda m, stable=True: {"median": m, "q1": m, "q3": m, "n": 3, "rel_iqr": 0.0, "stable": stable}  # noqa: E731
     made_up = {"name": "m", "contenders": {  # plotting only: no number here reaches a document
-        "eager": {"status": "ok", "ratio_bundleN": 0.5}, "ort": {"status": "failed"},
-        "bundleN": {"status": "ok", "ratio_bundleN": 1.0}}}
+        "eager": {"status": "ok"}, "ort": {"status": "wrong"}, "bundleN": {"status": "ok"}},
+        "ratios": {"bundleN": {"eager": ratio(0.5), "compile": ratio(1.2, stable=False)}}}
     _run_all().chart([made_up, {**made_up, "name": "n"}], tmp_path / "c.png", 4)
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_build_time_table(monkeypatch, capsys, tmp_path):
+    """`python -m ascendc_pack.bench build`: cold bundle vs AOTI vs torch.compile, warm rebuild."""
+    from ascendc_pack.bench import command
+
+    def made_up(model_file, **kw):  # no number here reaches a document
+        assert kw["rebuild"] and kw["repeat"] == 0 and set(kw["contenders"]) == set(command.BUILD_CONTENDERS)
+        return {"name": Path(model_file).stem, "loadavg_start": [0.5, 0.5, 0.5], "loadavg_end": [0.6, 0.5, 0.5],
+                "config": {"torch": "x", "cores": 2}, "contenders": {
+                    "compile": {"label": "torch.compile", "status": "ok", "first_call_s": 4.0},
+                    "compile_freeze": {"label": "torch.compile freezing", "status": "failed", "reason": "boom"},
+                    "aoti": {"label": "AOTInductor (.pt2)", "status": "ok", "build_s": 40.0, "load_at_build": [0.7, 0, 0]},
+                    "bundleN": {"label": ".ascpack --topn 4", "status": "ok", "build_s": 30.0, "candidate_compiles": 12,
+                                "load_at_build": [1.2, 0, 0],
+                                "stages": {"capture": 2.0, "graph_compile": 20.0},
+                                "rebuild": {"build_s": 3.0, "candidate_compiles": 0}}}}
+
+    monkeypatch.setattr(command, "bench_model", made_up)
+    command.main(["build", "a.py", "--json", str(tmp_path / "b.json")])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("a "))
+    assert row.split()[:3] == ["a", "30.00", "2.00"] and row.endswith("0.75  0.7 / 1.2")  # bundle ÷ AOTI, loads
+    assert "10%" in row and "12" in row and "at start: load average 0.50" in out
+    assert "a: torch.compile freezing: failed: boom" in out
+    assert json.loads((tmp_path / "b.json").read_text())[0]["name"] == "a"

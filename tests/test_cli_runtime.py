@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -35,7 +36,7 @@ def test_inspect_summary_and_json(add_sum, runner):
     m = add_sum.report.manifest
     k = m["kernels"][0]
     for text in ("model    add_sum", f"-march={m['target']['march']}", "x: float32[32, 1024]",
-                 "y: float32[1, 1024]", "sum_1: float32[]", k["name"], k["kernel_key"], k["tiling_repr"],
+                 "y: float32[1, 1024]", "output_0: float32[]", k["name"], k["kernel_key"], k["tiling_repr"],
                  "not visited (candidate 0 kept)", "0 visited by PGO", "* #0", f"torch    {torch.__version__}",
                  "graph.so", "weights  0 tensors"):
         assert text in out, f"{text!r} missing from:\n{out}"
@@ -43,17 +44,16 @@ def test_inspect_summary_and_json(add_sum, runner):
     assert res.exit_code == 0 and json.loads(res.output) == m
 
 
-def test_inspect_shows_candidates_timings_and_visited():
+def test_inspect_shows_candidates_timings_and_visited(add_sum):
+    from ascendc_pack_runtime.manifest import Candidate, Kernel, Manifest, kernel_key_of
     from ascendc_pack_runtime.tools import inspect_text
 
-    m = {"format": "ascpack", "format_version": 1, "model": {"name": "toy"}, "backend": "cpu",
-         "target": {"arch": "x86_64", "march": "x86-64-v3", "isa": ["avx2"]}, "torch": {"version": "2.13.0"},
-         "inputs": [], "outputs": [], "weights": {"tensors": []}, "members": {},
-         "kernels": [{"name": "fused_k", "kernel_key": "ab" * 16, "tiling_repr": "t=2", "chosen_index": 1,
-                      "visited": True, "block_dim": 4, "workspace": 0,
-                      "candidates": [{"index": 0, "median_us": 12.5, "tiling_repr": "t=1", "block_dim": 2},
-                                     {"index": 1, "median_us": 8.25, "tiling_repr": "t=2", "block_dim": 4},
-                                     {"index": 2, "median_us": None, "failed": True, "tiling_repr": "t=3"}]}]}
+    base = Manifest.from_json(add_sum.report.manifest)
+    cands = [Candidate(i, kernel_key_of(t, 0, bd), t, 0, bd, med, failed)
+             for i, (t, bd, med, failed) in enumerate([("t=1", 2, 12.5, False), ("t=2", 4, 8.25, False),
+                                                       ("t=3", 4, None, True)])]
+    kernel = Kernel("fused_k", cands[1].kernel_key, "t=2", 0, 4, base.kernels[0].file, True, 1, tuple(cands))
+    m = dataclasses.replace(base, kernels=(kernel,)).validate()
     text = inspect_text(m)
     assert "1 fused, 1 visited by PGO" in text and "[visited]" in text
     assert re.search(r"\s #0\s+12\.5 us", text) and re.search(r"\* #1\s+8\.2 us", text)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ascendc_pack import compiler as comp
+from ascendc_pack import toolchain as tc
 from ascendc_pack.cache import (KernelDir, LockTimeoutError, atomic_write_bytes, atomic_write_text,
                                 kernel_lock, stable_hash)
 from ascendc_pack.candidate import Candidate
@@ -74,6 +75,11 @@ def build(sources: list[str] | None = None, candidates=CANDIDATES, name=NAME) ->
 
 def config(tmp_path: Path, jobs: int = 2, debug: bool = False) -> BuildConfig:
     return BuildConfig(cache_dir=tmp_path / "cache", jobs=jobs, debug=debug)
+
+
+def calls(kernels) -> int:
+    """Compiler runs of one compile_kernels call (counted from its results: no global counter)."""
+    return comp.CompileCounts.of(kernels).compiler_calls
 
 
 def launch(so: Path) -> list[float]:
@@ -163,12 +169,12 @@ def test_compiler_identity():
 def test_native_turns_off_features_the_host_does_not_list(monkeypatch):
     """A hypervisor may hide a CPUID feature from /proc/cpuinfo (seen: rdseed); -march=native
     must not use it, or the runtime refuses every native bundle on the build host itself."""
-    comp._target_flags.cache_clear()
-    comp._isa_features.cache_clear()
+    tc._target_flags.cache_clear()
+    tc._isa_features.cache_clear()
     full = set(comp.isa_features("native"))
-    monkeypatch.setattr(comp, "host_cpu_flags", lambda: full - {"avx2", "sse4_1"})
-    comp._target_flags.cache_clear()
-    comp._isa_features.cache_clear()
+    monkeypatch.setattr(tc, "host_cpu_flags", lambda: full - {"avx2", "sse4_1"})
+    tc._target_flags.cache_clear()
+    tc._isa_features.cache_clear()
     try:
         flags = comp.target_flags("native")
         assert flags[0] == "-march=native" and "-mno-avx2" in flags and "-mno-sse4.1" in flags
@@ -176,8 +182,8 @@ def test_native_turns_off_features_the_host_does_not_list(monkeypatch):
         assert "avx2" not in feats and "sse4_1" not in feats and feats <= full
         assert comp.target_flags("x86-64-v3") == ["-march=x86-64-v3"]
     finally:
-        comp._target_flags.cache_clear()
-        comp._isa_features.cache_clear()
+        tc._target_flags.cache_clear()
+        tc._isa_features.cache_clear()
 
 def test_isa_features():
     feats = comp.isa_features("native")
@@ -215,9 +221,9 @@ def test_package_version_is_a_string():
 def test_compile_layout_describe_launch_then_warm_cache(tmp_path, jobs):
     cfg = config(tmp_path, jobs=jobs)
     ticks: list[int] = []
-    calls0 = comp.COMPILER_CALLS
     [ck] = compile_kernels([build()], cfg, progress=ticks.append)
-    assert comp.COMPILER_CALLS - calls0 == 3 and sum(ticks) == 3
+    assert calls([ck]) == 3 and sum(ticks) == 3
+    assert comp.CompileCounts.of([ck]) == comp.CompileCounts(compiler_calls=3, cache_hits=0, failures=0)
     base = tmp_path / "cache" / "ascendc" / NAME / HASH
     assert ck.kernel_dir.path == base and (base / "compile.lock").is_file()
     assert [c.candidate for c in ck.candidates] == CANDIDATES
@@ -234,16 +240,17 @@ def test_compile_layout_describe_launch_then_warm_cache(tmp_path, jobs):
     assert not list(base.rglob("*.tmp"))
 
     # warm cache: zero compiler calls, same files
-    calls1, ticks = comp.COMPILER_CALLS, []
+    ticks = []
     [warm] = compile_kernels([build()], cfg, progress=ticks.append)
-    assert comp.COMPILER_CALLS == calls1 and sum(ticks) == 3
+    assert calls([warm]) == 0 and sum(ticks) == 3
+    assert comp.CompileCounts.of([warm]) == comp.CompileCounts(compiler_calls=0, cache_hits=3, failures=0)
     assert [c.so_path for c in warm.candidates] == [c.so_path for c in ck.candidates]
     assert all(c.ok and not c.compiled for c in warm.candidates)
 
     # a corrupt cached library is detected and rebuilt (only that one)
     atomic_write_bytes(ck.candidates[1].so_path, b"not an ELF file")  # never in place: it is loaded
     [fixed] = compile_kernels([build()], cfg)
-    assert comp.COMPILER_CALLS == calls1 + 1
+    assert calls([fixed]) == 1
     assert [c.compiled for c in fixed.candidates] == [False, True, False]
     assert launch(fixed.candidates[1].so_path) == [1.0] * N
 
@@ -254,9 +261,8 @@ def test_failed_candidate_is_recorded_and_others_compile(tmp_path):
     srcs[1] = srcs[1].replace("return 0;", "return 0 this is not C++;")
     wrong_key = source(CANDIDATES[2], key="0" * 32)   # compiles, but describes the wrong key
     srcs[2] = wrong_key
-    calls0 = comp.COMPILER_CALLS
     [ck] = compile_kernels([build(srcs)], cfg)
-    assert comp.COMPILER_CALLS - calls0 == 3
+    assert comp.CompileCounts.of([ck]) == comp.CompileCounts(compiler_calls=3, cache_hits=0, failures=2)
     ok, bad, mislabeled = ck.candidates
     assert ok.ok and launch(ok.so_path) == [1.0] * N
     assert bad.so_path is None and bad.compiled
@@ -270,16 +276,15 @@ def test_failed_candidate_is_recorded_and_others_compile(tmp_path):
     assert not list(kd.path.rglob("*.tmp"))
 
     # the same failing sources again: failures come from the cache, zero compiler calls
-    calls1 = comp.COMPILER_CALLS
     [again] = compile_kernels([build(srcs)], cfg)
-    assert comp.COMPILER_CALLS == calls1
+    assert calls([again]) == 0
     assert [c.compiled for c in again.candidates] == [False, False, False]
     assert again.candidates[1].error == bad.error
 
     # fixing one source recompiles exactly that candidate and clears its error file
     srcs[1] = source(CANDIDATES[1])
     [fixed] = compile_kernels([build(srcs)], cfg)
-    assert comp.COMPILER_CALLS == calls1 + 1
+    assert calls([fixed]) == 1
     assert fixed.candidates[1].ok and fixed.candidates[1].compiled and not err_file.exists()
     assert [c.ok for c in fixed.ok_candidates] == [True, True]
 
@@ -289,9 +294,8 @@ def test_compile_timeout_is_recorded_and_not_cached(tmp_path):
     b = build(candidates=CANDIDATES[:1])
     [ck] = compile_kernels([b], cfg, timeout_s=0.001)
     assert "timed out after 0.001 s" in ck.candidates[0].error
-    calls = comp.COMPILER_CALLS
     [ck] = compile_kernels([b], cfg)
-    assert comp.COMPILER_CALLS == calls + 1 and ck.candidates[0].ok
+    assert calls([ck]) == 1 and ck.candidates[0].ok
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path):
@@ -321,9 +325,7 @@ def test_debug_mode_writes_sources_and_commands(tmp_path, monkeypatch):
         assert "-march=native" in cmd and "-fopenmp" in cmd and "kernel.cpp" in cmd and " -o " in cmd
     # default debug root is <cwd>/torch_compile_debug; a warm cache still writes the files
     monkeypatch.chdir(tmp_path)
-    calls = comp.COMPILER_CALLS
-    compile_kernels([b], cfg)
-    assert comp.COMPILER_CALLS == calls
+    assert calls(compile_kernels([b], cfg)) == 0
     d = tmp_path / "torch_compile_debug" / NAME / b.candidates[0].candidate.kernel_key
     assert (d / "kernel.cpp").is_file() and "cache hit" in (d / "compile_cmd.txt").read_text()
     # debug off writes nothing
@@ -346,7 +348,7 @@ CHILD = textwrap.dedent("""\
     while not Path(spec["go"]).exists():
         time.sleep(0.005)
     [ck] = comp.compile_kernels(builds, cfg)
-    print(json.dumps({"calls": comp.COMPILER_CALLS, "ok": [c.ok for c in ck.candidates],
+    print(json.dumps({"calls": comp.CompileCounts.of([ck]).compiler_calls, "ok": [c.ok for c in ck.candidates],
                       "so": [str(c.so_path) for c in ck.candidates]}))
     """)
 

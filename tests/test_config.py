@@ -198,6 +198,16 @@ def test_march():
             resolve(march=bad)
 
 
+def test_backend():
+    assert resolve().backend == "cpu" and resolve(backend="cpu").backend == "cpu"
+    assert resolve().to_json()["backend"] == "cpu"
+    for bad in ["npu", "CPU", "", 3]:
+        with pytest.raises(ConfigError, match=re.escape(f"--backend must be one of cpu, got: {bad!r}")):
+            resolve(backend=bad)
+    with pytest.raises(ConfigError, match="backend must be one of cpu, got: 'cuda'"):
+        BuildConfig(backend="cuda")
+
+
 def test_config_is_frozen_and_validates_direct_construction(tmp_path):
     cfg = BuildConfig(cache_dir=tmp_path, jobs=2)
     assert cfg.topn == 1 and cfg.cache_dir == tmp_path

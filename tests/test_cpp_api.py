@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,22 +15,14 @@ import torch
 
 from ascendc_pack_runtime.bundle import open_bundle
 
-from .bundle_fixtures import build_root
-from .conftest import ROOT
-from .runtime_fixtures import eager_reference, example
+from .runtime_fixtures import eager_reference, example, run_bundle_binary
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="needs g++")
 
 
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory) -> Path:
-    out = build_root(tmp_path_factory) / "cpp" / "run_bundle"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["sh", str(ROOT / "examples" / "cpp" / "build.sh"), str(out)], capture_output=True,
-                              text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out
+    return run_bundle_binary(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +77,7 @@ def test_cpp_api_refusals(binary, inplace, tmp_path):
     manifest = b.report.manifest
 
     # 1. a host without the bundle's ISA features: refused before dlopen, naming the field
-    proc = _run(binary, directory, env={"ASCENDC_PACK_RUNTIME_TEST_CPU_FLAGS": "sse sse2"})
+    proc = _run(binary, directory, "--host-cpu-flags", "sse sse2")
     if manifest["target"]["isa"] and set(manifest["target"]["isa"]) - {"sse", "sse2"}:
         assert proc.returncode == 2 and "target.isa" in proc.stderr and "--march" in proc.stderr, proc.stderr
 

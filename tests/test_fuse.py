@@ -239,6 +239,7 @@ def test_kernel_spec_json_round_trips(fused_examples):
 
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d.pop("axes"), "axes"),
+    (lambda d: d.update(version=1), "version 1"),
     (lambda d: d["nodes"][0].update(kind="gather"), "gather"),
     (lambda d: d["nodes"][0].update(id="0"), "not an integer"),
     (lambda d: d["inputs"][0].update(shape=[32.0, 1024]), "not an integer"),

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ascendc_pack_runtime as rt
+from ascendc_pack_runtime.tensor_meta import DTYPES
 
 from .runtime_fixtures import eager_reference, example, families, missing_host_feature, pack, parts_of, reg
 
@@ -230,9 +231,9 @@ _TYPED = {
     ("outputs",): lambda v: "lie" if v == [] else "invalid",
     ("kernels",): lambda v: "lie" if v == [] else "invalid",
     ("inputs", 0, "name"): lambda v: "valid" if isinstance(v, str) else "invalid",
-    ("inputs", 0, "dtype"): lambda v: "lie" if isinstance(v, str) and v in rt.bundle.DTYPE_NAMES else "invalid",
+    ("inputs", 0, "dtype"): lambda v: "lie" if isinstance(v, str) and v in DTYPES else "invalid",
     ("inputs", 0, "shape"): lambda v: "lie" if _uints(v) and len(v) != 1 else "invalid",
-    ("outputs", 0, "dtype"): lambda v: "lie" if isinstance(v, str) and v in rt.bundle.DTYPE_NAMES else "invalid",
+    ("outputs", 0, "dtype"): lambda v: "lie" if isinstance(v, str) and v in DTYPES else "invalid",
     ("weights", "file"): lambda v: "invalid",
     ("graph", "library"): lambda v: "invalid",
     ("graph", "namespace"): lambda v: "invalid",

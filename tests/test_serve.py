@@ -6,9 +6,10 @@ on a free port; loops are bounded by deadlines. Needs the `serve` extra (kserve,
 
 from __future__ import annotations
 
-import gzip
-import http.client
+import asyncio
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,10 +17,10 @@ import torch
 
 pytest.importorskip("kserve")
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from .conftest import EXAMPLES  # noqa: E402
-from .serve_helpers import Server, build_bundles, concurrent_run, example_inputs, infer  # noqa: E402
+from .serve_helpers import (Server, build_bundles, concurrent_run, eager, example_inputs, infer,  # noqa: E402
+                            io_names, raw_request)
 
 MODELS = ["mlp", "transformer_block"]
 
@@ -43,16 +44,7 @@ def servers(bundles, tmp_path_factory):
             s.stop()
 
 
-def _eager(loaded, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return loaded.module(torch.from_numpy(x.copy())).numpy()
-
-
-def _io_names(bundle):
-    from ascendc_pack_runtime.bundle import open_bundle
-
-    m = open_bundle(bundle).manifest
-    return m["inputs"][0]["name"], m["outputs"][0]["name"]
+_eager, _io_names, _request = eager, io_names, raw_request
 
 
 # ----------------------------------------------------------------------------- protocol
@@ -68,9 +60,9 @@ def test_health_and_metadata(servers, bundles, name):
         assert not c.is_model_ready("no_such_model")
         meta = c.get_server_metadata()
         assert meta["name"] == "kserve" and "binary_tensor_data" in meta["extensions"]
-        from ascendc_pack_runtime.bundle import open_bundle
+        from ascendc_pack_runtime import read_manifest
 
-        manifest = open_bundle(bundles[name][0]).manifest
+        manifest = read_manifest(bundles[name][0])
         mm = c.get_model_metadata(name)
         assert mm["name"] == name and mm["versions"] == ["1"] and mm["platform"] == "ascendc-pack_cpu"
         assert mm["inputs"] == [{"name": d["name"], "datatype": "FP32", "shape": d["shape"]} for d in manifest["inputs"]]
@@ -132,141 +124,6 @@ def test_json_without_content_type_is_json(servers, bundles):
                                atol=1e-4, rtol=1e-4)
 
 
-# ----------------------------------------------------------------------------- bad requests
-
-
-def _request(srv, method, path, body=b"", headers=None, timeout=60):
-    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
-    try:
-        c.request(method, path, body=body, headers=headers or {})
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
-
-
-def _binary(header: dict, payload: bytes, json_len: int | None = None):
-    head = json.dumps(header).encode()
-    n = len(head) if json_len is None else json_len
-    return head + payload, {"Inference-Header-Content-Length": str(n), "Content-Type": "application/octet-stream"}
-
-
-def _bad_requests():
-    """(kind, method, path, body, headers, expected status, words the error must contain)."""
-    x = {"name": "x", "shape": [256, 1024], "datatype": "FP32"}
-    ok_json = lambda inputs, **kw: json.dumps({"inputs": inputs, **kw}).encode()  # noqa: E731
-    jh = {"Content-Type": "application/json"}
-    nbytes = 256 * 1024 * 4
-    cases = [
-        ("unknown model (infer)", "POST", "/v2/models/nope/infer", ok_json([dict(x, data=[0])]), jh, 404,
-         ["'nope'", "serves ['mlp']"]),
-        ("unknown model (metadata)", "GET", "/v2/models/nope", b"", {}, 404, ["'nope'", "mlp"]),
-        ("unknown model version", "POST", "/v2/models/mlp/versions/2/infer", ok_json([dict(x, data=[0])]), jh,
-         404, ["version '2'", "['1']"]),
-        ("unknown input name", "POST", "/v2/models/mlp/infer",
-         ok_json([dict(x, name="y", data=[0])]), jh, 400, ["no input 'y'", "'x' (FP32 [256, 1024])"]),
-        ("missing input", "POST", "/v2/models/mlp/infer", ok_json([]), jh, 400, ["missing input", "'x'"]),
-        ("input given twice", "POST", "/v2/models/mlp/infer", ok_json([dict(x, data=[0]), dict(x, data=[0])]), jh,
-         400, ["twice"]),
-        ("wrong shape", "POST", "/v2/models/mlp/infer", ok_json([dict(x, shape=[2, 2], data=[1, 2, 3, 4])]), jh,
-         400, ["shape [2, 2]", "expected [256, 1024]"]),
-        ("wrong datatype", "POST", "/v2/models/mlp/infer", ok_json([dict(x, datatype="FP64", data=[0])]), jh, 400,
-         ["'FP64'", "expected 'FP32'"]),
-        ("not a V2 datatype", "POST", "/v2/models/mlp/infer", ok_json([dict(x, datatype="FLOAT", data=[0])]), jh,
-         400, ["not a V2 datatype", "'FP32'"]),
-        ("too few values", "POST", "/v2/models/mlp/infer", ok_json([dict(x, data=[1.0, 2.0, 3.0])]), jh, 400,
-         ["3 values", "262144"]),
-        ("non-numeric data", "POST", "/v2/models/mlp/infer", ok_json([dict(x, data=["a", "b"])]), jh, 400,
-         ["not an array of FP32"]),
-        ("unknown requested output", "POST", "/v2/models/mlp/infer",
-         ok_json([dict(x, data=[0])], outputs=[{"name": "nope"}]), jh, 400, ["no output 'nope'"]),
-        ("binary_data_output not a bool", "POST", "/v2/models/mlp/infer",
-         ok_json([dict(x, data=[0])], parameters={"binary_data_output": "yes"}), jh, 400, ["true or false"]),
-        ("malformed JSON", "POST", "/v2/models/mlp/infer", b'{"inputs": [', jh, 400, ["JSON"]),
-        ("JSON that is not an object", "POST", "/v2/models/mlp/infer", b"[1, 2]", jh, 400, ["inputs"]),
-        ("no 'inputs'", "POST", "/v2/models/mlp/infer", b"{}", jh, 400, ["inputs", "Field required"]),
-        ("input without datatype", "POST", "/v2/models/mlp/infer",
-         ok_json([{"name": "x", "shape": [256, 1024], "data": [0]}]), jh, 400, ["datatype"]),
-        ("shape is a string", "POST", "/v2/models/mlp/infer", ok_json([dict(x, shape="256x1024", data=[0])]), jh,
-         400, ["shape"]),
-        ("empty body", "POST", "/v2/models/mlp/infer", b"", jh, 400, ["body"]),
-        ("garbage without Content-Type", "POST", "/v2/models/mlp/infer", b"\x00\x01garbage", {}, 400, ["JSON"]),
-        ("text/plain body", "POST", "/v2/models/mlp/infer", ok_json([dict(x, data=[0])]),
-         {"Content-Type": "text/plain"}, 400, ["Inference-Header-Content-Length"]),
-        ("binary: header length not a number", "POST", "/v2/models/mlp/infer",
-         *(lambda b, h: (b, dict(h, **{"Inference-Header-Content-Length": "abc"})))(
-             *_binary({"inputs": [x]}, b"")), 400, ["must be an integer", "'abc'"]),
-        ("binary: header length past the body", "POST", "/v2/models/mlp/infer",
-         *_binary({"inputs": [x]}, b"", json_len=10_000), 400, ["Inference-Header-Content-Length is 10000"]),
-        ("binary: JSON part is not JSON", "POST", "/v2/models/mlp/infer",
-         b"not json at all!", {"Inference-Header-Content-Length": "8"}, 400, ["not valid JSON"]),
-        ("binary: fewer bytes than declared", "POST", "/v2/models/mlp/infer",
-         *_binary({"inputs": [dict(x, parameters={"binary_data_size": nbytes})]}, b"\0" * 64), 400,
-         [f"declares {nbytes} bytes", "only 64"]),
-        ("binary: size does not fit the shape", "POST", "/v2/models/mlp/infer",
-         *_binary({"inputs": [dict(x, parameters={"binary_data_size": 8})]}, b"\0" * 8), 400,
-         ["8 bytes", f"expected {nbytes}"]),
-        ("binary: trailing bytes", "POST", "/v2/models/mlp/infer",
-         *_binary({"inputs": [dict(x, parameters={"binary_data_size": 8})]}, b"\0" * 16), 400,
-         ["8 bytes after the last input"]),
-        ("binary: negative binary_data_size", "POST", "/v2/models/mlp/infer",
-         *_binary({"inputs": [dict(x, parameters={"binary_data_size": -4})]}, b""), 400, [">= 0"]),
-        ("binary: input without name", "POST", "/v2/models/mlp/infer",
-         *_binary({"inputs": [{"shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]},
-                  b"\0" * 4), 400, ["name must be a string"]),
-        ("FP16 as JSON", "POST", "/v2/models/mlp/infer", ok_json([dict(x, datatype="FP16", data=[0.5])]), jh, 400,
-         ["FP16"]),
-        ("unsupported Content-Encoding", "POST", "/v2/models/mlp/infer", ok_json([dict(x, data=[0])]),
-         {"Content-Type": "application/json", "Content-Encoding": "br"}, 415, ["'br'", "gzip"]),
-        ("corrupt gzip body", "POST", "/v2/models/mlp/infer", gzip.compress(b'{"inputs": []}')[:-6],
-         {"Content-Type": "application/json", "Content-Encoding": "gzip"}, 400, ["gzip"]),
-        ("body over the size limit", "POST", "/v2/models/mlp/infer", b"{}",
-         {"Content-Type": "application/json", "Content-Length": str(2**40)}, 413, ["limit"]),
-        ("GET on infer", "GET", "/v2/models/mlp/infer", b"", {}, 405, ["Method Not Allowed"]),
-        ("V1 protocol", "POST", "/v1/models/mlp:predict", json.dumps({"instances": [[1.0]]}).encode(), jh, 400,
-         ["Open Inference Protocol V2"]),
-    ]
-    return cases
-
-
-BAD = _bad_requests()
-
-
-def test_bad_requests_get_4xx_with_a_json_error_and_the_server_keeps_serving(servers, bundles):
-    srv = servers["mlp"]
-    failures = []
-    for kind, method, path, body, headers, want, words in BAD:
-        try:
-            status, res = _request(srv, method, path, body, headers)
-        except (OSError, http.client.HTTPException) as e:
-            failures.append(f"{kind}: no answer ({e})")
-            continue
-        try:
-            err = json.loads(res)["error"]
-        except (ValueError, KeyError, TypeError):
-            failures.append(f"{kind}: {status}, body is not {{'error': ...}}: {res[:200]!r}")
-            continue
-        if status != want or not all(w in err for w in words):
-            failures.append(f"{kind}: {status} (want {want}) {err!r} (want words {words})")
-        assert srv.alive(), f"server died after {kind!r}:\n{srv.log_tail()}"
-    assert len(BAD) >= 20
-    assert not failures, "\n".join(failures)
-    # still serving, and still right
-    bundle, loaded = bundles["mlp"]
-    in_name, out_name = _io_names(bundle)
-    x = loaded.example_inputs[0].numpy()
-    c = httpclient.InferenceServerClient(srv.url, network_timeout=120)
-    try:
-        assert c.is_server_live() and c.is_model_ready("mlp")
-        np.testing.assert_allclose(infer(c, "mlp", in_name, out_name, x, True), _eager(loaded, x), atol=1e-4, rtol=1e-4)
-        with pytest.raises(InferenceServerException, match="expected 'FP32'"):
-            i = httpclient.InferInput(in_name, list(x.shape), "FP64")
-            i.set_data_from_numpy(x.astype(np.float64))
-            c.infer("mlp", [i])
-    finally:
-        c.close()
-
-
 # ----------------------------------------------------------------------------- concurrency
 
 
@@ -318,21 +175,22 @@ def test_a_model_that_fails_to_load_ends_the_server(bundles, tmp_path):
     assert "model 'mlp' failed to load" in srv.log_tail()
     srv.stop()
 
-def test_readiness_waits_for_load_and_warm_up(bundles):
+
+def test_readiness_waits_for_load_and_warm_up(bundles, tmp_path):
     from ascendc_pack_runtime.kserve_model import AscpackModel, bundle_runner
 
     bundle, _ = bundles["mlp"]
     calls = []
 
     def factory():
-        run = bundle_runner(bundle)
+        run = bundle_runner(bundle, tmp_path)
 
         def counted(*xs):
             calls.append([tuple(x.shape) for x in xs])
             return run(*xs)
         return counted
 
-    m = AscpackModel(bundle, workers=2, runner_factory=factory)
+    m = AscpackModel(bundle, workers=2, runner_factory=factory, cache_dir=tmp_path)
     assert not m.ready and calls == []
     assert m.load() and m.ready
     assert calls == [[(256, 1024)], [(256, 1024)]]  # one warm-up call per instance
@@ -342,10 +200,81 @@ def test_readiness_waits_for_load_and_warm_up(bundles):
     def broken():
         return lambda *xs: [torch.zeros(3)]
 
-    bad = AscpackModel(bundle, runner_factory=broken)
+    bad = AscpackModel(bundle, runner_factory=broken, cache_dir=tmp_path)
     with pytest.raises(RuntimeError, match=r"warm-up: output .* is torch.float32\[3\]"):
         bad.load()
     assert not bad.ready
+
+
+def test_kserve_infer_request_goes_through_the_strict_decoder(bundles, tmp_path):
+    """AscpackModel in KServe's own REST path (InferRequest objects), not just `ascendc-pack serve`'s."""
+    from kserve.errors import InvalidInput
+    from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
+
+    from ascendc_pack_runtime.kserve_model import AscpackModel
+
+    bundle, loaded = bundles["mlp"]
+    in_name, out_name = _io_names(bundle)
+    x = loaded.example_inputs[0].numpy()
+    m = AscpackModel(bundle, cache_dir=tmp_path)
+    try:
+        m.load()
+        req = InferRequest(model_name="mlp", request_id="r1", request_outputs=[RequestedOutput(out_name)],
+                           infer_inputs=[InferInput(in_name, list(x.shape), "FP32", data=x.ravel().tolist())])
+        headers: dict = {}
+        res = json.loads(asyncio.run(m.predict(req, None, headers)))
+        assert res["id"] == "r1" and headers == {}
+        np.testing.assert_allclose(np.asarray(res["outputs"][0]["data"], np.float32).reshape(x.shape), _eager(loaded, x),
+                                   atol=1e-4, rtol=1e-4)
+        bad = InferRequest(model_name="mlp", infer_inputs=[InferInput(in_name, ["256", 1024], "FP32", data=[0.0])])
+        with pytest.raises(InvalidInput, match=r"shape \['256', 1024\]"):
+            asyncio.run(m.predict(bad, None, {}))
+    finally:
+        m.stop()
+
+
+def test_serve_cli_defaults_are_the_serve_options():
+    from ascendc_pack.cli import main
+    from ascendc_pack_runtime.server import ServeOptions
+
+    d = ServeOptions()
+    cli = {p.name: p.default for p in main.commands["serve"].params}
+    assert cli["host"] == d.host == "127.0.0.1"  # loopback unless told otherwise (README Serving)
+    assert (cli["port"], cli["workers"], cli["access_log"]) == (d.port, d.workers, d.access_log)
+    assert (cli["header_timeout"], cli["body_timeout"], cli["keep_alive"], cli["limit_concurrency"]) == \
+        (d.header_timeout_s, d.body_timeout_s, d.keep_alive_s, d.limit_concurrency)
+    with pytest.raises(ValueError, match="header_timeout_s must be > 0"):
+        ServeOptions(header_timeout_s=0)
+
+
+def test_serving_modules_change_no_global_state_at_import():
+    """Importing the launcher imports no KServe; starting it hides sys.argv from KServe's parser
+    (which would exit on these arguments) and builds its own app, not KServe's global one."""
+    code = """
+import sys
+sys.argv = ["prog", "--workers", "abc", "--http_port", "x"]
+import ascendc_pack_runtime.server as server
+import ascendc_pack_runtime.v2_request, ascendc_pack_runtime.http_edge
+assert "kserve" not in sys.modules, "importing the launcher imported kserve"
+kserve_app, kserve_model = server._import_serving()
+assert sys.argv == ["prog", "--workers", "abc", "--http_port", "x"], sys.argv
+import kserve.model_server as ms
+from kserve import ModelServer
+from ascendc_pack_runtime.http_edge import EdgeLimits
+routes, middleware = len(ms.app.routes), len(ms.app.user_middleware)
+s = ModelServer(enable_grpc=False)
+rest = kserve_app.AscpackRESTServer(kserve_app.AscpackDataPlane(model_registry=s.registered_models),
+                                    s.model_repository_extension, host="127.0.0.1", port=0,
+                                    limits=EdgeLimits(max_body_bytes=1000), access_log=False,
+                                    timeout_keep_alive_s=5, limit_concurrency=8)
+rest.create_application()
+assert (len(ms.app.routes), len(ms.app.user_middleware)) == (routes, middleware), "KServe's global app changed"
+first = [r for r in rest.app.routes if getattr(r, "path", "").endswith("/infer")][0]
+assert first.endpoint.__qualname__.startswith("infer_route"), first.endpoint
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
 def test_serve_cli_errors(tmp_path, bundles):

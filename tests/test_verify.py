@@ -24,6 +24,7 @@ import ascendc_pack_runtime as rt
 from ascendc_pack.compiler import isa_features
 from ascendc_pack.pipeline import compare_outputs
 from ascendc_pack_runtime import errors as rt_errors
+from ascendc_pack_runtime import host as rt_host
 from ascendc_pack_runtime.bundle import open_bundle, verify_bundle
 from ascendc_pack_runtime.tools import verify_lines
 
@@ -50,8 +51,11 @@ def test_every_invariant_has_a_typed_error_and_a_corpus_case(add_sum, tmp_path, 
     message names the member or field and the fix; refusals before load leave the cache empty
     and are found by verify_bundle too; load-stage refusals never crash the process."""
     cases = corpus(add_sum.bundle)
+    # (the trust and cache families concern the policy and the cache, not the bundle's bytes:
+    # tests/test_trust.py and tests/test_cache_safety.py have their cases)
     leaves = {c for c in vars(rt_errors).values() if isinstance(c, type) and issubclass(c, rt.BundleError)
-              and not c.__subclasses__()} - {rt.BundleNotFoundError}
+              and not c.__subclasses__() and not issubclass(c, (rt.TrustError, rt.CacheError))} - \
+        {rt.BundleNotFoundError}
     assert leaves <= {c.expected for c in cases}, f"no corpus case for {leaves - {c.expected for c in cases}}"
     failures = []
     for i, case in enumerate(cases):
@@ -158,7 +162,7 @@ def test_portable_march_records_only_its_features_and_loads_on_a_lesser_host(add
             assert "%ymm" not in dis and "%zmm" not in dis, f"{so.name} uses AVX registers"
 
     # simulate a host that has exactly the x86-64-v2 features
-    monkeypatch.setenv(rt.bundle.TEST_CPU_FLAGS_ENV, " ".join(v2_flags))
+    monkeypatch.setattr(rt_host, "host_cpu_flags", lambda: frozenset(v2_flags))
     inputs, expected = eager_reference(v2)
     model = rt.load(v2.bundle, cache_dir=tmp_path / "c1")
     assert compare_outputs(expected, model(*inputs), atol=1e-3, rtol=1e-4) is None
@@ -239,13 +243,34 @@ def test_eight_processes_load_at_once_extract_once_without_compiler_packages(add
     assert _cache_entries(cache) == [Path(results[0]["dir"]).name]   # no temporary leftovers
 
 
+_PAUSED_CHILD = _BLOCKER + textwrap.dedent("""
+    import os, pathlib, time
+    import ascendc_pack_runtime as rt
+    from ascendc_pack_runtime import extract
+
+    bundle, cache, flag = sys.argv[1:4]
+    finish = extract._DirectorySink.finish
+
+    def pause_after_graph_cpp(self, name):   # monkeypatched: no hook in the shipped code
+        finish(self, name)
+        if name == "graph.cpp":
+            pathlib.Path(flag).write_text(str(os.getpid()))
+            time.sleep(600)
+
+    extract._DirectorySink.finish = pause_after_graph_cpp
+    rt.load(bundle, cache_dir=cache)
+""")
+
+
 def test_killed_extraction_is_never_trusted_and_is_recovered(add_sum, tmp_path):
-    """SIGKILL a process paused half-way through extraction (test hook): the partial tree is
-    never used; the next load extracts again, removes the leftover and runs correctly."""
+    """SIGKILL a process paused half-way through extraction (the child monkeypatches the
+    extraction to pause): the partial tree is never used; the next load extracts again, removes
+    the leftover and runs correctly."""
     cache, flag = tmp_path / "cache", tmp_path / "paused"
-    code = _BLOCKER + "import ascendc_pack_runtime as rt\nrt.load(sys.argv[1], cache_dir=sys.argv[2])\n"
-    env = _env(tmp_path, ASCENDC_PACK_RUNTIME_TEST_PAUSE=f"graph.cpp:{flag}")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(add_sum.bundle), str(cache)], env=env,
+    (tmp_path / "paused_child.py").write_text(_PAUSED_CHILD)
+    env = _env(tmp_path)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "paused_child.py"), str(add_sum.bundle), str(cache),
+                             str(flag)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120

@@ -2,14 +2,18 @@
 //
 //   dir=$(python -m ascendc_pack_runtime extract model.ascpack)
 //   ./run_bundle "$dir" [--inputs PREFIX] [--outputs PREFIX] [--repeat N] [--verify-hashes]
-//                       [--inputs-after PREFIX] [--check-bad-inputs]
+//                       [--inputs-after PREFIX] [--check-bad-inputs] [--host-cpu-flags "F1 F2 ..."]
+//                       [--trusted-key KEY]...
 //
 // --inputs PREFIX reads input i from PREFIX<i>.bin (raw, contiguous, the dtype and shape of the
 // manifest's input i); without it the inputs are random. --outputs PREFIX writes output i the
 // same way to PREFIX<i>.bin, --inputs-after PREFIX the inputs after the first call (a model may
 // mutate them in place). Prints the outputs' dtypes and shapes and the call latency.
 // --check-bad-inputs also calls the model with a wrong input count, shape and dtype and prints
-// how each call was rejected (std::invalid_argument).
+// how each call was rejected (std::invalid_argument). --host-cpu-flags checks the bundle's ISA
+// against those CPU flags instead of this host's /proc/cpuinfo (LoadOptions::host_cpu_flags).
+// --trusted-key (repeatable; ed25519:<hex> or a .pub file) sets LoadOptions::trusted_keys: the
+// bundle must be signed by one of them.
 // Exit status: 0 ok, 2 the bundle was refused (ascendc_pack::BundleError), 3 bad inputs.
 #include <ascendc_pack/runtime.hpp>
 
@@ -18,6 +22,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -65,6 +71,15 @@ int main(int argc, char** argv) {
     else if (a == "--repeat" && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
     else if (a == "--verify-hashes") options.verify_hashes = true;
     else if (a == "--check-bad-inputs") check_bad = true;
+    else if (a == "--host-cpu-flags" && i + 1 < argc) {
+      std::istringstream words(argv[++i]);
+      std::set<std::string> flags;
+      for (std::string w; words >> w;) flags.insert(w);
+      options.host_cpu_flags = flags;
+    } else if (a == "--trusted-key" && i + 1 < argc) {
+      if (!options.trusted_keys) options.trusted_keys.emplace();
+      options.trusted_keys->push_back(argv[++i]);
+    }
     else { std::cerr << "unknown argument " << a << "\n"; return 1; }
   }
   try {

@@ -9,8 +9,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-__version__ = "0.1.0"
-KERNEL_ABI_VERSION = 1
+from .constants import FORMAT_VERSION, GRAPH_ABI_VERSION, KERNEL_ABI_VERSION
+from .constants import VERSION as __version__
 
 
 def include_dir() -> Path:
@@ -19,19 +19,14 @@ def include_dir() -> Path:
 
 
 # --- bundle loading (DESIGN 4.8) -------------------------------------------------------------
-from .errors import (ArchMismatchError, BackendUnavailableError, BundleError,  # noqa: E402,F401
-                     BundleFormatError, BundleIntegrityError, BundleLoadError, BundleNotFoundError,
-                     CorruptArchiveError, CxxAbiMismatchError, DuplicateMemberError, ExtraMemberError,
-                     FormatNameError, FormatVersionError, GraphLoadError, IncompatibleBundleError,
-                     KernelMismatchError, ManifestFieldError, ManifestJSONError, MemberHashError,
-                     MemberPathConflictError, MemberSizeError, MissingCpuFeaturesError, MissingMemberError,
-                     NotABundleError, SizeLimitError, TorchVersionMismatchError, UnsafeMemberError,
-                     UnsafeMemberNameError, UnsafeMemberTypeError)
+from .errors import *  # noqa: E402,F401,F403  (every error class: errors.__all__)
 from .errors import __all__ as _error_names  # noqa: E402
-from .bundle import VerifyReport, read_manifest, verify_bundle  # noqa: E402
+from . import bundle  # noqa: E402,F401  (``ascendc_pack_runtime.bundle`` keeps its public names)
+from .manifest import Manifest  # noqa: E402
 from .model import Model, TensorSpec, load  # noqa: E402
+from .verify import VerifyReport, read_manifest, verify_bundle  # noqa: E402
 
 __all__ = [
-    "__version__", "KERNEL_ABI_VERSION", "include_dir", "load", "Model", "TensorSpec",
-    "verify_bundle", "VerifyReport", "read_manifest", *_error_names,
+    "__version__", "FORMAT_VERSION", "GRAPH_ABI_VERSION", "KERNEL_ABI_VERSION", "include_dir", "load", "Model",
+    "TensorSpec", "Manifest", "verify_bundle", "VerifyReport", "read_manifest", *_error_names,
 ]

@@ -12,6 +12,12 @@ import sys
 from . import tools
 
 
+def _trust_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trusted-key", action="append", default=None, metavar="KEY",
+                        help="refuse the bundle unless signed by this public key (ed25519:<hex> or a .pub file; "
+                             "repeatable; default: $ASCENDC_PACK_RUNTIME_TRUSTED_KEYS)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ascendc_pack_runtime", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -20,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--json", action="store_true", help="print the manifest as JSON")
     a = sub.add_parser("verify", help="run every check; exit 1 with one line per problem")
     a.add_argument("bundle")
+    _trust_option(a)
     a = sub.add_parser("run", help="load, run, print outputs and latency percentiles")
     a.add_argument("bundle")
     src = a.add_mutually_exclusive_group()
@@ -29,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--warmup", type=int, default=1)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--cache-dir", default=None)
+    _trust_option(a)
     a = sub.add_parser("extract", help="verify and extract into the cache; print the directory")
     a.add_argument("bundle")
     a.add_argument("--cache-dir", default=None)
     a.add_argument("--full", action="store_true", help="rehash an earlier extraction before reusing it")
+    _trust_option(a)
     args = p.parse_args(argv)
 
     if args.cmd == "inspect":
@@ -40,15 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr if rc else sys.stdout)
         return rc
     if args.cmd == "verify":
-        lines, rc = tools.verify_lines(args.bundle)
+        lines, rc = tools.verify_lines(args.bundle, args.trusted_key)
         print("\n".join(lines))
         return rc
     if args.cmd == "run":
         lines, rc, _ = tools.run_bundle(args.bundle, inputs_file=args.inputs, repeat=args.repeat,
-                                        warmup=args.warmup, seed=args.seed, cache_dir=args.cache_dir)
+                                        warmup=args.warmup, seed=args.seed, cache_dir=args.cache_dir,
+                                        trusted_keys=args.trusted_key)
         print("\n".join(lines), file=sys.stderr if rc else sys.stdout)
         return rc
-    text, rc = tools.extract(args.bundle, args.cache_dir, "full" if args.full else "sizes")
+    text, rc = tools.extract(args.bundle, args.cache_dir, "full" if args.full else "sizes", args.trusted_key)
     print(text, file=sys.stderr if rc else sys.stdout)
     return rc
 

@@ -30,8 +30,18 @@ five families that callers can catch as a whole::
     |   +-- TorchVersionMismatchError  another torch release
     |   +-- CxxAbiMismatchError        another _GLIBCXX_USE_CXX11_ABI
     +-- BundleLoadError                the verified bundle failed to load
-        +-- GraphLoadError             graph.so cannot be loaded / does not register its operators
-        +-- KernelMismatchError        graph.so and the manifest disagree on the kernels / ABI
+    |   +-- GraphLoadError             graph.so cannot be loaded / does not register its operators
+    |   +-- KernelMismatchError        graph.so and the manifest disagree on the kernels / ABI
+    +-- TrustError                     a trust policy is set and the bundle does not satisfy it
+    |   +-- UnsignedBundleError        the bundle carries no signature
+    |   +-- UntrustedSignerError       signed by a key the policy does not trust
+    |   +-- SignatureInvalidError      the signature does not match the manifest (edited / re-signed)
+    |   +-- TrustPolicyError           the policy itself is unusable (bad key, no `cryptography`)
+    +-- CacheError                     the runtime cache cannot be used safely
+        +-- InsecureCacheError         group/other can write it, a foreign owner, or a symlinked entry
+        +-- CacheSpaceError            not enough free space for the extraction
+        +-- CacheIOError               an OS error reading or writing the cache (e.g. deleted mid-load)
+        +-- TamperedExtractionError    an extracted library changed after verification
 
 Each instance carries ``member`` (archive member name or None), ``field`` (manifest field or
 None) and ``fix`` (what to do) besides its message.
@@ -193,6 +203,58 @@ class KernelMismatchError(BundleLoadError):
     outputs or weights than the manifest lists."""
 
 
+# ----------------------------------------------------------------------------- trust
+
+
+class TrustError(BundleError):
+    """A trust policy is set (``trusted_keys`` / ``ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``) and the
+    bundle does not satisfy it; nothing was extracted or loaded."""
+
+
+class UnsignedBundleError(TrustError):
+    """The bundle carries no ``manifest.sig``."""
+
+
+class UntrustedSignerError(TrustError):
+    """The bundle is signed by a key the policy does not list (a foreign or re-signed bundle)."""
+
+
+class SignatureInvalidError(TrustError):
+    """``manifest.sig`` is malformed or its signature does not verify over ``manifest.json``
+    (the manifest was edited after signing)."""
+
+
+class TrustPolicyError(TrustError):
+    """The trust policy cannot be applied: a key is malformed or unreadable, or the
+    ``cryptography`` package (extra ``sign``) is missing."""
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+class CacheError(BundleError):
+    """The runtime cache (``ASCENDC_PACK_RUNTIME_CACHE``) cannot be used safely or at all."""
+
+
+class InsecureCacheError(CacheError):
+    """The cache or an entry of it can be written by group/other or another user, or an entry
+    is a symbolic link: someone else could swap the code that is about to run."""
+
+
+class CacheSpaceError(CacheError):
+    """The cache's file system has not enough free space for the extraction."""
+
+
+class CacheIOError(CacheError):
+    """An operating-system error while reading or writing the cache (deleted or changed while
+    loading, permissions, I/O errors); the message carries the system's text."""
+
+
+class TamperedExtractionError(CacheError):
+    """A library of a verified extraction no longer has its manifest sha256 when it is about
+    to be loaded (it was modified in the cache)."""
+
+
 __all__ = [
     "BundleError", "BundleNotFoundError",
     "BundleFormatError", "NotABundleError", "FormatNameError", "FormatVersionError",
@@ -203,4 +265,6 @@ __all__ = [
     "IncompatibleBundleError", "BackendUnavailableError", "ArchMismatchError",
     "MissingCpuFeaturesError", "TorchVersionMismatchError", "CxxAbiMismatchError",
     "BundleLoadError", "GraphLoadError", "KernelMismatchError",
+    "TrustError", "UnsignedBundleError", "UntrustedSignerError", "SignatureInvalidError", "TrustPolicyError",
+    "CacheError", "InsecureCacheError", "CacheSpaceError", "CacheIOError", "TamperedExtractionError",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-KERNEL_ABI_VERSION = 1
+from .constants import KERNEL_ABI_VERSION
 
 class KernelLoadError(RuntimeError):
     """A kernel library is missing, lacks the ABI, or is not the file that was promised."""

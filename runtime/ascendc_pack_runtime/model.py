@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import mmap
-import re
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -22,23 +22,29 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from .bundle import (GRAPH_LIBRARY, Extracted, open_bundle)
-from .errors import GraphLoadError, KernelMismatchError, ManifestFieldError
+from .constants import GRAPH_ABI_VERSION, MANIFEST_NAME, REBUILD
+from .errors import CacheIOError, GraphLoadError, KernelMismatchError, TamperedExtractionError
+from .extract import Extracted, check_libraries, open_bundle
+from .manifest import IOSpec, Manifest
+from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
 
-GRAPH_ABI_VERSION = 1
-
-_NAMESPACE_RE = re.compile(r"ascpack_[0-9a-f]{8,64}")
 _LOAD_LOCK = threading.Lock()
 
 
-def _dtype(name: object, where: str) -> torch.dtype:
+def _output_builder(m: Manifest):
+    """Rebuilds the model's output structure from the graph's flat outputs: ``out_tree``
+    (namedtuples, dicts, ...; validated with the manifest) when the bundle has it, else torch's
+    ``out_spec`` (bundles from before it), else a flat tuple with a warning."""
+    if m.out_tree is not None:
+        return OutputBuilder(m.out_tree)
     try:
-        return DTYPES[name]  # type: ignore[index]
-    except (KeyError, TypeError):
-        raise ManifestFieldError(f"manifest.json: field {where!r} has unsupported dtype {name!r}; rebuild the "
-                                 "bundle or upgrade the runtime", field=where,
-                                 fix="rebuild the bundle or upgrade the runtime") from None
+        spec = pytree.treespec_loads(m.out_spec)
+    except Exception as e:  # noqa: BLE001 - e.g. a container type that is not importable here
+        warnings.warn(f"cannot rebuild the output structure of {m.model_name!r} ({e}); calls return a "
+                      "flat tuple of tensors", RuntimeWarning, stacklevel=4)
+        return tuple
+    return lambda flat: pytree.tree_unflatten(flat, spec)
 
 
 @dataclass(frozen=True)
@@ -52,57 +58,46 @@ class TensorSpec:
     stride: tuple[int, ...] | None = None
 
     @staticmethod
+    def of(spec: IOSpec) -> TensorSpec:
+        """The torch view of a manifest input/output entry."""
+        return TensorSpec(spec.name, spec.shape, DTYPES[spec.dtype], spec.stride)
+
+    @staticmethod
     def from_json(d: dict, where: str) -> TensorSpec:
-        try:
-            shape = tuple(int(s) for s in d["shape"])
-            stride = tuple(int(s) for s in d["stride"]) if d.get("stride") is not None else None
-            return TensorSpec(str(d["name"]), shape, _dtype(d["dtype"], where), stride)
-        except (KeyError, TypeError, ValueError):
-            raise ManifestFieldError(f"manifest.json: field {where!r} is malformed ({str(d)[:200]}); the bundle "
-                                     "is corrupt: rebuild it", field=where, fix="rebuild the bundle") from None
+        """From a manifest input/output entry (raises ManifestFieldError naming ``where``)."""
+        return TensorSpec.of(IOSpec.from_json(d, where))
 
     def __str__(self) -> str:
         return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
 
 
-def _load_weights(directory: Path, manifest: dict) -> list[torch.Tensor]:
-    info = manifest["weights"]
-    path = directory / str(info.get("file", ""))
-    entries = info.get("tensors")
-    if not isinstance(entries, list):
-        raise ManifestFieldError("manifest.json: field 'weights.tensors' is missing; the bundle is corrupt: "
-                                 "rebuild it", field="weights.tensors", fix="rebuild the bundle")
-    size = path.stat().st_size
-    buf = None
-    if size > 0:
+def _load_weights(directory: Path, m: Manifest) -> list[torch.Tensor]:
+    """Zero-copy tensors over a private copy-on-write mapping of weights.bin (the manifest was
+    validated: every tensor lies inside the file's declared size, aligned and disjoint)."""
+    w = m.weights
+    path = directory / w.file
+    try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != m.members[w.file].size:
+                raise TamperedExtractionError(f"{path} is {size} bytes, {MANIFEST_NAME} says {m.members[w.file].size}; "
+                                              "the extraction was modified: load the bundle again", member=w.file,
+                                              fix="load the bundle again")
             # private copy-on-write mapping: zero-copy, and a write never reaches the file
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 0 else None
+    except OSError as e:
+        raise CacheIOError(f"cannot map {path}: {e}; load the bundle again (was the cache changed or deleted?)",
+                           member=w.file, fix="load the bundle again") from None
     tensors = []
-    for k, e in enumerate(entries):
-        where = f"weights.tensors[{k}]"
-        dtype = _dtype(e.get("dtype"), where)
-        try:
-            shape = tuple(int(s) for s in e["shape"])
-            stride = tuple(int(s) for s in e["stride"])
-            offset, nbytes = int(e["offset"]), int(e["nbytes"])
-        except (KeyError, TypeError, ValueError):
-            raise ManifestFieldError(f"manifest.json: field {where!r} is malformed; the bundle is corrupt: "
-                                     "rebuild it", field=where, fix="rebuild the bundle") from None
-        itemsize = dtype.itemsize
-        span = 0 if any(s == 0 for s in shape) else 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-        if len(shape) != len(stride) or any(st < 0 for st in stride) or nbytes != span * itemsize \
-                or offset < 0 or offset % itemsize or offset + nbytes > size:
-            raise ManifestFieldError(f"manifest.json: field {where!r} ({e.get('name')}) does not fit weights.bin "
-                                     f"(offset {offset}, {nbytes} bytes, file {size} bytes); the bundle "
-                                     "is corrupt: rebuild it", field=where, fix="rebuild the bundle")
-        if nbytes == 0:
-            tensors.append(torch.empty_strided(shape, stride, dtype=dtype))
+    for t in w.tensors:
+        dtype = DTYPES[t.dtype]
+        if t.nbytes == 0:
+            tensors.append(torch.empty_strided(t.shape, t.stride, dtype=dtype))
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            flat = torch.frombuffer(buf, dtype=dtype, count=span, offset=offset)
-        tensors.append(flat.as_strided(shape, stride))
+            flat = torch.frombuffer(buf, dtype=dtype, count=t.nbytes // dtype.itemsize, offset=t.offset)
+        tensors.append(flat.as_strided(t.shape, t.stride))
     return tensors
 
 
@@ -110,7 +105,7 @@ class Model:
     """A loaded bundle. Call it like the eager model: ``model(*inputs)``.
 
     Attributes:
-        manifest: the bundle's manifest (dict).
+        manifest: the bundle's manifest as JSON (dict); ``contract`` the same, typed.
         input_specs / output_specs: :class:`TensorSpec` per model input / flat output.
         directory: where the verified bundle was extracted.
 
@@ -119,35 +114,23 @@ class Model:
     """
 
     def __init__(self, extracted: Extracted):
-        m = extracted.manifest
-        self.manifest = m
+        m = extracted.contract if extracted.contract is not None else Manifest.from_json(extracted.manifest)
+        self.contract = m
+        self.manifest = extracted.manifest
         self.path = extracted.path
         self.directory = extracted.directory
         self.bundle_sha256 = extracted.bundle_sha256
         self.extracted = extracted.extracted   # True when this load extracted the bundle (else reused)
-        self.name = str(m.get("model", {}).get("name", "model"))
-        self.input_specs = [TensorSpec.from_json(d, f"inputs[{i}]") for i, d in enumerate(m["inputs"])]
-        self.output_specs = [TensorSpec.from_json(d, f"outputs[{i}]") for i, d in enumerate(m["outputs"])]
-        self._input_index = {s.name: i for i, s in enumerate(self.input_specs)}
-        self._mutated = []
-        for mu in m["mutations"]:
-            if not isinstance(mu, dict) or mu.get("input") not in self._input_index:
-                raise ManifestFieldError(f"manifest.json: field 'mutations': {mu!r} names no input; the bundle "
-                                         "is corrupt: rebuild it", field="mutations", fix="rebuild the bundle")
-            self._mutated.append(self._input_index[mu["input"]])
-        self._aliases = {}
-        for i, o in enumerate(m["outputs"]):
-            if o.get("input_index") is not None:
-                self._aliases[i] = int(o["input_index"])
-        try:
-            self._spec = pytree.treespec_loads(m["out_spec"])
-        except Exception as e:  # noqa: BLE001 - e.g. a namedtuple type that is not importable here
-            warnings.warn(f"cannot rebuild the output structure of {self.name!r} ({e}); calls return a "
-                          "flat tuple of tensors", RuntimeWarning, stacklevel=3)
-            self._spec = None
+        self.name = m.model_name or "model"
+        self.input_specs = [TensorSpec.of(s) for s in m.inputs]
+        self.output_specs = [TensorSpec.of(s) for s in m.outputs]
+        self._mutated = [mu.index for mu in m.mutations]
+        self._aliases = {i: o.input_index for i, o in enumerate(m.outputs) if o.input_index is not None}
+        self._build_outputs = _output_builder(m)
         self._handle = None
         self._ops = None
         weights = _load_weights(self.directory, m)
+        check_libraries(self.directory, m)   # right before graph.so (and through it the kernels) is dlopen()ed
         self._ops = _graph_ops(self.directory, m)
         try:
             self._handle = self._ops.init(weights, str(self.directory))
@@ -155,8 +138,8 @@ class Model:
             msg = _first_line(e)
             cls = KernelMismatchError if ("is not the kernel this graph was built with" in msg
                                           or "does not export" in msg) else GraphLoadError
-            lib = str(m["graph"].get("library", GRAPH_LIBRARY))
-            member = next((k["file"] for k in m["kernels"] if k.get("file") and k["file"] in msg), lib)
+            lib = m.graph.library
+            member = next((k.file for k in m.kernels if k.file in msg), lib)
             raise cls(f"{self.path}: the graph ({lib}) refused to load: {msg}; rebuild the bundle",
                       member=member, fix="rebuild the bundle") from None
         self._run = self._ops.run
@@ -220,10 +203,7 @@ class Model:
         return flat
 
     def __call__(self, *inputs):
-        flat = self.run_flat(*inputs)
-        if self._spec is None:
-            return tuple(flat)
-        return pytree.tree_unflatten(flat, self._spec)
+        return self._build_outputs(self.run_flat(*inputs))
 
     def close(self) -> None:
         """Release the graph state (planned buffers, kernel libraries). Idempotent."""
@@ -257,55 +237,49 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _graph_ops(directory: Path, manifest: dict):
+def _graph_ops(directory: Path, m: Manifest):
     """The operator namespace registered by the bundle's graph.so (loaded once per process)."""
-    g = manifest["graph"]
-    ns = g.get("namespace")
-    if not isinstance(ns, str) or not _NAMESPACE_RE.fullmatch(ns):
-        raise ManifestFieldError(f"manifest.json: field 'graph.namespace' is {ns!r}, not a valid namespace; the "
-                                 "bundle is corrupt: rebuild it", field="graph.namespace", fix="rebuild the bundle")
-    if g.get("abi") != GRAPH_ABI_VERSION:
-        raise KernelMismatchError(f"manifest.json: field 'graph.abi' is {g.get('abi')!r}, this runtime speaks "
+    g = m.graph
+    if g.abi != GRAPH_ABI_VERSION:
+        raise KernelMismatchError(f"{MANIFEST_NAME}: field 'graph.abi' is {g.abi}, this runtime speaks "
                                   f"graph ABI {GRAPH_ABI_VERSION}; rebuild the bundle or upgrade the runtime",
                                   field="graph.abi", fix="rebuild the bundle or upgrade the runtime")
-    lib = directory / str(g.get("library", GRAPH_LIBRARY))
+    lib = directory / g.library
     with _LOAD_LOCK:
-        ops = getattr(torch.ops, ns)
+        ops = getattr(torch.ops, g.namespace)
         if not _registered(ops):
             try:
                 torch.ops.load_library(str(lib))
             except OSError as e:
                 cause = e.__cause__ or e
                 raise GraphLoadError(f"cannot load {lib.name} of the bundle: {cause}; it was built "
-                                     f"against torch {manifest['torch'].get('version')} (this process "
+                                     f"against torch {m.torch.version} (this process "
                                      f"has {torch.__version__}): rebuild the bundle with this torch",
-                                     member=lib.name, fix="rebuild the bundle with this torch") from None
+                                     member=g.library, fix="rebuild the bundle with this torch") from None
             if not _registered(ops):
-                raise GraphLoadError(f"{lib.name} does not register the operators {ns}::run/init; "
-                                     "the bundle is corrupt: rebuild it", member=lib.name, fix="rebuild the bundle")
+                raise GraphLoadError(f"{lib.name} does not register the operators {g.namespace}::run/init; "
+                                     f"the bundle is corrupt: {REBUILD}", member=g.library, fix=REBUILD)
     try:
         sig = json.loads(ops.signature())
     except (RuntimeError, ValueError) as e:
         raise GraphLoadError(f"{lib.name}: cannot read its signature ({e}); rebuild the bundle",
-                             member=lib.name, fix="rebuild the bundle") from None
-    want = [{"name": k.get("name"), "kernel_key": k.get("kernel_key"), "file": k.get("file")}
-            for k in manifest["kernels"]]
-    have = sig.get("kernels")
+                             member=g.library, fix=REBUILD) from None
+    want = [{"name": k.name, "kernel_key": k.kernel_key, "file": k.file} for k in m.kernels]
+    have = sig.get("kernels") if isinstance(sig, dict) else None
     if sorted(json.dumps(k, sort_keys=True) for k in want) != \
             sorted(json.dumps(k, sort_keys=True) for k in (have or [])):
         raise KernelMismatchError(f"{lib.name} was built for kernels {have}, the manifest lists {want}; the "
-                                  "bundle was assembled from mismatched files: rebuild it", member=lib.name,
-                                  fix="rebuild the bundle")
-    counts = {"n_inputs": len(manifest["inputs"]), "n_outputs": len(manifest["outputs"]),
-              "n_weights": len(manifest["weights"].get("tensors", []))}
+                                  f"bundle was assembled from mismatched files: {REBUILD}", member=g.library,
+                                  fix=REBUILD)
+    counts = {"n_inputs": len(m.inputs), "n_outputs": len(m.outputs), "n_weights": len(m.weights.tensors)}
     for key, n in counts.items():
         if key in sig and sig[key] != n:
             raise KernelMismatchError(f"{lib.name} was built for {sig[key]} {key[2:]}, the manifest lists {n}; the "
-                                      "bundle was assembled from mismatched files: rebuild it", member=lib.name,
-                                      field=key[2:], fix="rebuild the bundle")
+                                      f"bundle was assembled from mismatched files: {REBUILD}", member=g.library,
+                                      field=key[2:], fix=REBUILD)
     if sig.get("graph_abi") != GRAPH_ABI_VERSION:
         raise KernelMismatchError(f"{lib.name} speaks graph ABI {sig.get('graph_abi')}, this runtime "
-                                  f"{GRAPH_ABI_VERSION}; rebuild the bundle", member=lib.name, fix="rebuild the bundle")
+                                  f"{GRAPH_ABI_VERSION}; rebuild the bundle", member=g.library, fix=REBUILD)
     return ops
 
 
@@ -318,15 +292,18 @@ def _registered(ops) -> bool:
         return False
 
 
-def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes") -> Model:
+def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes",
+         trusted_keys=None) -> Model:
     """Verify, extract (content-addressed, atomic) and load an ``.ascpack`` bundle.
 
     ``cache_dir`` defaults to ``$ASCENDC_PACK_RUNTIME_CACHE`` or
-    ``~/.cache/ascendc_pack_runtime``; ``verify="full"`` rehashes an earlier extraction
-    before reusing it. Raises a :class:`~ascendc_pack_runtime.errors.BundleError` subclass
-    that names the problem and the fix.
+    ``~/.cache/ascendc_pack_runtime``; ``verify="full"`` rehashes every member of an earlier
+    extraction before reusing it (libraries are always rehashed). ``trusted_keys`` (public keys
+    ``ed25519:<hex>`` or key files; default ``$ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``) refuses any
+    bundle not signed by one of them, before anything is extracted or loaded. Raises a
+    :class:`~ascendc_pack_runtime.errors.BundleError` subclass that names the problem and the fix.
     """
-    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify))
+    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys))
 
 
 __all__ = ["load", "Model", "TensorSpec"]

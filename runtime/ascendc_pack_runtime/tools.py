@@ -13,8 +13,10 @@ import math
 import time
 from pathlib import Path
 
-from .bundle import open_bundle, read_manifest, verify_bundle
 from .errors import BundleError
+from .extract import open_bundle
+from .manifest import IOSpec, Manifest
+from .verify import read_manifest, verify_bundle
 
 
 def _fmt_bytes(n: float) -> str:
@@ -25,64 +27,51 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _spec(d: dict) -> str:
-    extra = f" (= input {d['input_index']})" if d.get("input_index") is not None else ""
-    return f"{d.get('name')}: {d.get('dtype')}{list(d.get('shape', []))}{extra}"
+def _spec(s: IOSpec) -> str:
+    extra = f" (= input {s.input_index})" if s.input_index is not None else ""
+    return f"{s.name}: {s.dtype}{list(s.shape)}{extra}"
 
 
-def inspect_text(manifest: dict, path: Path | str | None = None) -> str:
-    """A readable summary of a (validated) manifest: model, target, io, weights, kernels with
-    every candidate's median time, the chosen one and whether PGO visited it."""
-    m = manifest
-    lines = []
-    prod = m.get("producer", {})
-    lines.append(f"bundle   {path}" if path is not None else "bundle")
-    lines.append(f"model    {m.get('model', {}).get('name', '?')}  (format {m.get('format')} "
-                 f"v{m.get('format_version')}, built by {prod.get('name', '?')} {prod.get('version', '?')})")
-    t = m.get("target", {})
-    isa = t.get("isa", [])
-    lines.append(f"target   {m.get('backend')} {t.get('arch', '?')} -march={t.get('march', '?')}  "
-                 f"({len(isa)} ISA features: {' '.join(isa) if isa else '-'})")
-    lines.append(f"compiler {t.get('compiler', '?')}")
-    tv = m.get("torch", {})
-    lines.append(f"torch    {tv.get('version')}  cxx11_abi={tv.get('cxx11_abi')}")
-    cores = m.get("core_limit")
-    lines.append(f"cores    limit {cores if cores is not None else 'none'}, tuned for {m.get('cores', '?')}, "
-                 f"topn {m.get('topn', '?')}")
+def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
+    """A readable summary of a manifest: model, target, io, weights, kernels with every
+    candidate's median time, the chosen one and whether PGO visited it."""
+    lines = [f"bundle   {path}" if path is not None else "bundle",
+             f"model    {m.model_name}  (format {m.format} v{m.format_version}, built by {m.producer.name} "
+             f"{m.producer.version})"]
+    t = m.target
+    lines.append(f"target   {m.backend} {t.arch} -march={t.march}  "
+                 f"({len(t.isa)} ISA features: {' '.join(t.isa) if t.isa else '-'})")
+    lines.append(f"compiler {t.compiler}")
+    lines.append(f"torch    {m.torch.version}  cxx11_abi={m.torch.cxx11_abi}")
+    lines.append(f"cores    limit {m.core_limit if m.core_limit is not None else 'none'}, tuned for {m.cores}, "
+                 f"topn {m.topn}")
     lines.append("inputs")
-    lines += [f"  {_spec(d)}" for d in m.get("inputs", [])]
+    lines += [f"  {_spec(s)}" for s in m.inputs]
     lines.append("outputs")
-    lines += [f"  {_spec(d)}" for d in m.get("outputs", [])]
-    for mu in m.get("mutations", []):
-        lines.append(f"  mutates input {mu.get('input')} in place ({mu.get('value')})")
-    w = m.get("weights", {})
-    tensors = w.get("tensors", [])
-    lines.append(f"weights  {len(tensors)} tensors, {_fmt_bytes(sum(t.get('nbytes', 0) for t in tensors))} "
-                 f"in {w.get('file')}")
-    mem = m.get("graph", {}).get("memory", {})
+    lines += [f"  {_spec(s)}" for s in m.outputs]
+    lines += [f"  mutates input {mu.input} in place ({mu.value})" for mu in m.mutations]
+    w = m.weights
+    lines.append(f"weights  {len(w.tensors)} tensors, {_fmt_bytes(sum(t.nbytes for t in w.tensors))} in {w.file}")
+    mem = m.graph.memory
     if mem:
+        steps = mem.get("steps", {})
         lines.append(f"graph    arena {_fmt_bytes(mem.get('arena_bytes', 0))} for {mem.get('arena_buffers', 0)} "
                      f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
-                     + ", ".join(f"{k} {v}" for k, v in sorted(mem.get("steps", {}).items())))
-    kernels = m.get("kernels", [])
-    visited = sum(1 for k in kernels if k.get("visited"))
-    lines.append(f"kernels  {len(kernels)} fused, {visited} visited by PGO")
-    for k in kernels:
-        tag = "visited" if k.get("visited") else "not visited (candidate 0 kept)"
-        lines.append(f"  {k.get('name')}  chosen #{k.get('chosen_index')} key {k.get('kernel_key')}  "
-                     f"block_dim {k.get('block_dim')}  workspace {k.get('workspace')}  [{tag}]")
-        lines.append(f"    tiling {k.get('tiling_repr')}")
-        for c in k.get("candidates", []):
-            mark = "*" if c.get("index") == k.get("chosen_index") else " "
-            med = c.get("median_us")
-            timing = "failed" if c.get("failed") else ("not timed" if med is None else f"{med:.1f} us")
-            lines.append(f"    {mark} #{c.get('index')} {timing:>12}  block_dim {c.get('block_dim')}  "
-                         f"{c.get('tiling_repr')}")
-    members = m.get("members", {})
-    lines.append(f"members  {len(members)} files, {_fmt_bytes(sum(i.get('size', 0) for i in members.values()))} "
-                 "uncompressed")
-    for name, info in members.items():
-        lines.append(f"  {name}  {_fmt_bytes(info.get('size', 0))}  sha256 {str(info.get('sha256'))[:16]}...")
+                     + ", ".join(f"{k} {v}" for k, v in sorted(steps.items() if isinstance(steps, dict) else [])))
+    visited = sum(1 for k in m.kernels if k.visited)
+    lines.append(f"kernels  {len(m.kernels)} fused, {visited} visited by PGO")
+    for k in m.kernels:
+        tag = "visited" if k.visited else "not visited (candidate 0 kept)"
+        lines.append(f"  {k.name}  chosen #{k.chosen_index} key {k.kernel_key}  "
+                     f"block_dim {k.block_dim}  workspace {k.workspace}  [{tag}]")
+        lines.append(f"    tiling {k.tiling_repr}")
+        for c in k.candidates:
+            mark = "*" if c.index == k.chosen_index else " "
+            timing = "failed" if c.failed else ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
+            lines.append(f"    {mark} #{c.index} {timing:>12}  block_dim {c.block_dim}  {c.tiling_repr}")
+    lines.append(f"members  {len(m.members)} files, {_fmt_bytes(m.declared_bytes)} uncompressed")
+    for name, info in m.members.items():
+        lines.append(f"  {name}  {_fmt_bytes(info.size)}  sha256 {info.sha256[:16]}...")
     return "\n".join(lines)
 
 
@@ -93,19 +82,21 @@ def inspect_bundle(path: Path | str, as_json: bool = False) -> tuple[str, int]:
     except BundleError as e:
         return f"error: {e.kind}: {e}", 1
     if as_json:
-        return json.dumps(manifest, indent=1), 0
+        return json.dumps(manifest.to_json(), indent=1), 0
     return inspect_text(manifest, path), 0
 
 
-def verify_lines(path: Path | str) -> tuple[list[str], int]:
+def verify_lines(path: Path | str, trusted_keys=None) -> tuple[list[str], int]:
     """(lines, exit status) of ``verify``: one line per problem (``<ErrorClass>: message``), or
-    one ``OK`` line."""
-    rep = verify_bundle(path)
+    one ``OK`` line. ``trusted_keys``: see :func:`~ascendc_pack_runtime.verify_bundle`."""
+    rep = verify_bundle(path, trusted_keys=trusted_keys)
     if rep.ok:
-        m = rep.manifest or {}
+        name = rep.manifest.model_name if rep.manifest is not None else "?"
         checksum = "zstd checksum verified" if rep.has_checksum else "no zstd checksum in this bundle"
-        return [f"OK {path}: {m.get('model', {}).get('name', '?')}, {rep.members_checked} members verified "
-                f"(sizes and sha256), {checksum}, compatible with this host"], 0
+        signed = (f"signed by trusted key {rep.signer}" if rep.signature_checked else
+                  f"signed by key {rep.signer} (not checked: no trusted keys)" if rep.signer else "unsigned")
+        return [f"OK {path}: {name}, {rep.members_checked} members verified "
+                f"(sizes and sha256), {checksum}, {signed}, compatible with this host"], 0
     return [f"{p.kind}: {p}" for p in rep.problems], 1
 
 
@@ -151,7 +142,7 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int = 20, warmup: int = 1,
-               seed: int = 0, cache_dir: str | None = None) -> tuple[list[str], int, dict]:
+               seed: int = 0, cache_dir: str | None = None, trusted_keys=None) -> tuple[list[str], int, dict]:
     """(lines, exit status, results) of ``run``: load, call ``warmup + repeat`` times, report
     output dtypes/shapes and latency percentiles (milliseconds)."""
     import torch
@@ -163,10 +154,10 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
         return ["error: --repeat must be at least 1"], 1, {}
     try:
         t0 = time.perf_counter()
-        model = load(path, cache_dir=cache_dir)
+        model = load(path, cache_dir=cache_dir, trusted_keys=trusted_keys)
         load_ms = (time.perf_counter() - t0) * 1e3
         inputs = _load_inputs(model, inputs_file, seed)
-        mutates = bool(model.manifest.get("mutations"))
+        mutates = bool(model.contract.mutations)
         out = None
         times = []
         for k in range(warmup + repeat):
@@ -205,11 +196,12 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
     return lines, 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms}
 
 
-def extract(path: Path | str, cache_dir: str | None = None, verify: str = "sizes") -> tuple[str, int]:
+def extract(path: Path | str, cache_dir: str | None = None, verify: str = "sizes",
+            trusted_keys=None) -> tuple[str, int]:
     """(directory or error line, exit status) of ``extract``: verify and extract the bundle
     into the cache (for the C++ API)."""
     try:
-        ex = open_bundle(path, cache_dir=cache_dir, verify=verify)
+        ex = open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys)
     except BundleError as e:
         return f"error: {e.kind}: {e}", 1
     return str(ex.directory), 0

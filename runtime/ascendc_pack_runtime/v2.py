@@ -1,16 +1,19 @@
-"""Open Inference Protocol (V2) names for a bundle's tensors, shared by the serving adapters.
+"""Open Inference Protocol (V2) names and tensor codecs for a bundle's tensors.
 
-Used by :mod:`ascendc_pack_runtime.kserve_model` (KServe) and
-:mod:`ascendc_pack_runtime.triton_model` (Triton's Python backend). Needs torch and numpy only:
-it imports neither server.
+Shared by the serving adapters: :mod:`ascendc_pack_runtime.v2_request` (the strict request
+decoder of ``ascendc-pack serve``) and :mod:`ascendc_pack_runtime.triton_model` (Triton's Python
+backend, which copies this package: so this module needs torch and numpy only).
 
 A request error is a :class:`RequestError` (a ``ValueError``) whose message names the tensor,
 what was sent and what the model expects; the adapters turn it into HTTP 400 / ``INVALID_ARG``.
+Values a client sent are quoted through :func:`short`, so a 10 MiB name is never echoed whole.
 """
 
 from __future__ import annotations
 
+import reprlib
 import warnings
+from itertools import chain
 from math import prod
 from typing import Sequence
 
@@ -35,6 +38,25 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 ALL_V2_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
                     "FP16", "FP32", "FP64", "BF16", "BYTES")
+"""Every datatype name of the V2 protocol, spelled exactly (upper case)."""
+
+# Python types a JSON value of each datatype may have (bool is not a number here, nor int a bool)
+_JSON_KINDS: dict[str, frozenset] = {"BOOL": frozenset({bool})}
+_JSON_KINDS.update({d: frozenset({int}) for d in ("UINT8", "INT8", "INT16", "INT32", "INT64")})
+_JSON_KINDS.update({d: frozenset({int, float}) for d in ("FP16", "FP32", "FP64", "BF16")})
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 8
+_REPR.maxlevel = 3
+
+
+def short(value: object) -> str:
+    """A bounded ``repr`` of a value a client sent (strings, lists and depth truncated)."""
+    text = _REPR.repr(value)
+    if isinstance(value, str) and len(value) > _REPR.maxstring:
+        text += f" ({len(value)} characters)"
+    return text
 
 
 class RequestError(ValueError):
@@ -69,15 +91,18 @@ def signature(specs: Sequence[TensorSpec]) -> str:
 
 
 def check_header(spec: TensorSpec, datatype: object, shape: object) -> None:
-    """The request's datatype and shape of input ``spec`` must be the model's."""
+    """The request's datatype and shape of input ``spec`` must be the model's, spelled exactly:
+    a V2 datatype name (``"FP32"``, not ``"fp32"``) and a list of JSON integers (not ``"256"``,
+    not ``true``)."""
     want = v2_datatype(spec)
     if datatype != want:
-        hint = "" if datatype in ALL_V2_DATATYPES else f" ({datatype!r} is not a V2 datatype)"
-        raise RequestError(f"input {spec.name!r} has datatype {datatype!r}{hint}, expected {want!r}")
+        hint = "" if datatype in ALL_V2_DATATYPES else \
+            f", which is not a V2 datatype (they are {', '.join(ALL_V2_DATATYPES)}, spelled so)"
+        raise RequestError(f"input {spec.name!r} has datatype {short(datatype)}{hint}; expected {want!r}")
     if not isinstance(shape, (list, tuple)) or any(type(d) is not int for d in shape) \
             or list(shape) != list(spec.shape):
-        raise RequestError(f"input {spec.name!r} has shape {shape!r}, expected {list(spec.shape)} "
-                           "(the bundle was built for static shapes)")
+        raise RequestError(f"input {spec.name!r} has shape {short(shape)}, expected {list(spec.shape)} "
+                           "(a list of integers; the bundle was built for static shapes)")
 
 
 def tensor_from_bytes(spec: TensorSpec, raw) -> torch.Tensor:
@@ -97,21 +122,62 @@ def tensor_from_bytes(spec: TensorSpec, raw) -> torch.Tensor:
     return flat.clone().view(spec.dtype).reshape(spec.shape)
 
 
-def tensor_from_json(spec: TensorSpec, data: object) -> torch.Tensor:
-    """A tensor from JSON ``data`` (flat or nested, row-major)."""
-    dt = v2_datatype(spec)
+def _flat_values(spec: TensorSpec, data: object) -> list:
+    """``data`` as one flat list, checked against the static shape before anything is built:
+    either flat with exactly numel values, or nested exactly as the shape (row-major)."""
     if not isinstance(data, list):
         raise RequestError(f"input {spec.name!r}: 'data' must be a JSON array, got {type(data).__name__}")
+    numel = prod(spec.shape)
+    if not data or not isinstance(data[0], list):
+        if len(data) != numel:
+            raise RequestError(f"input {spec.name!r} has {len(data)} values in 'data', expected {numel} "
+                               f"for shape {list(spec.shape)}")
+        return data
+    level = [data]
+    for depth, dim in enumerate(spec.shape):
+        for item in level:
+            if not isinstance(item, list) or len(item) != dim:
+                got = f"an array of {len(item)}" if isinstance(item, list) else type(item).__name__
+                raise RequestError(f"input {spec.name!r}: 'data' is nested but not as shape {list(spec.shape)} "
+                                   f"(at depth {depth}: {got}, expected an array of {dim}); send a flat array of "
+                                   f"{numel} values or arrays nested exactly as the shape")
+        level = list(chain.from_iterable(level))
+    return level
+
+
+def tensor_from_json(spec: TensorSpec, data: object) -> torch.Tensor:
+    """A tensor from JSON ``data`` (flat or nested, row-major), strictly typed.
+
+    BOOL takes ``true``/``false`` only, integer datatypes JSON integers in range, floating
+    datatypes numbers, including the non-finite values ``NaN``, ``Infinity`` and ``-Infinity``
+    (which the decoder accepts as literals); a finite number the datatype cannot hold (``1e39``
+    for FP32) is refused, not rounded to infinity.
+    """
+    dt = v2_datatype(spec)
+    flat = _flat_values(spec, data)
+    kinds = set(map(type, flat))
+    wrong = kinds - _JSON_KINDS[dt]
+    if wrong:
+        bad = next(v for v in flat if type(v) in wrong)
+        want = {"BOOL": "true or false", "FP16": "numbers", "FP32": "numbers", "FP64": "numbers",
+                "BF16": "numbers"}.get(dt, "integers")
+        raise RequestError(f"input {spec.name!r} ({dt}): 'data' holds {type(bad).__name__} values such as "
+                           f"{short(bad)}; expected {want}")
     np_dtype = NUMPY_DTYPES.get(dt, np.dtype(np.float32))
     try:
-        arr = np.asarray(data, dtype=np_dtype)
-    except (ValueError, TypeError, OverflowError) as e:
-        raise RequestError(f"input {spec.name!r}: 'data' is not an array of {dt} values ({e})") from None
-    numel = prod(spec.shape)
-    if arr.size != numel:
-        raise RequestError(f"input {spec.name!r} has {arr.size} values in 'data', expected {numel} "
-                           f"for shape {list(spec.shape)}")
-    t = torch.from_numpy(np.ascontiguousarray(arr).reshape(spec.shape))
+        with np.errstate(over="ignore"):
+            arr = np.array(flat, dtype=np_dtype)
+    except (OverflowError, ValueError) as e:
+        info = np.iinfo(np_dtype) if np_dtype.kind in "iu" else None
+        rng = f" ({info.min}..{info.max})" if info is not None else ""
+        raise RequestError(f"input {spec.name!r}: a value in 'data' is out of range for {dt}{rng} ({e})") from None
+    if np_dtype.kind == "f" and np_dtype != np.float64 and np.isinf(arr).any():
+        wide = np.array(flat, dtype=np.float64)
+        overflow = np.isinf(arr) & np.isfinite(wide)
+        if overflow.any():
+            raise RequestError(f"input {spec.name!r}: value {float(wide[overflow][0])!r} in 'data' is out of range "
+                               f"for {dt} (write Infinity if you mean it)")
+    t = torch.from_numpy(arr.reshape(spec.shape))
     return t.to(spec.dtype) if t.dtype != spec.dtype else t
 
 
@@ -128,6 +194,11 @@ def tensor_json(t: torch.Tensor) -> list:
     return t.detach().contiguous().reshape(-1).numpy().tolist()
 
 
-__all__ = ["V2_DATATYPES", "TORCH_DTYPES", "RequestError", "UnservableBundleError", "v2_datatype",
-           "metadata", "describe", "signature", "check_header", "tensor_from_bytes",
-           "tensor_from_json", "tensor_bytes", "tensor_json"]
+def all_finite(t: torch.Tensor) -> bool:
+    """False when a floating tensor holds NaN or +-Infinity."""
+    return not t.is_floating_point() or bool(torch.isfinite(t).all())
+
+
+__all__ = ["V2_DATATYPES", "TORCH_DTYPES", "ALL_V2_DATATYPES", "RequestError", "UnservableBundleError",
+           "v2_datatype", "metadata", "describe", "signature", "check_header", "tensor_from_bytes",
+           "tensor_from_json", "tensor_bytes", "tensor_json", "all_finite", "short"]

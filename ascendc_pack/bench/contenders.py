@@ -1,0 +1,284 @@
+"""The contenders of the model benchmark: what each one is, how its artifact is built, and how it
+is loaded, checked against eager and called inside its worker process.
+
+=================  ==========================================================================
+id                 what runs
+=================  ==========================================================================
+eager              the model file's module, ``torch.no_grad``
+compile            ``torch.compile(module)`` (Inductor, default mode); its build is the first call
+compile_freeze     ``torch.compile(module, options={"freezing": True})``: weights constant-folded
+aoti               ``torch.export`` -> ``aoti_compile_and_package`` -> ``.pt2`` -> ``aoti_load_package``
+ort                ``torch.onnx.export(dynamo=True)`` -> ONNX Runtime CPU, intra-op threads = usable
+                   cores, ``session.intra_op.allow_spinning=0`` (and inter-op)
+bundle1, bundleN   the ``.ascpack`` built with ``--topn 1`` / ``--topn N``, ``ascendc_pack_runtime.load``
+=================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .machine import host_cores
+from .stats import time_calls
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One contender: its id, its label (``{n}`` is the tuned bundle's topn) and the artifact
+    built for it before timing (None: nothing is built ahead)."""
+
+    cid: str
+    label: str
+    artifact: str | None
+    bundle: bool = False
+
+
+CONTENDERS = (
+    Kind("eager", "eager", None),
+    Kind("compile", "torch.compile", None),
+    Kind("compile_freeze", "torch.compile freezing", None),
+    Kind("aoti", "AOTInductor (.pt2)", "aoti"),
+    Kind("ort", "ONNX Runtime (no spin)", "onnx"),
+    Kind("bundle1", ".ascpack --topn 1", "bundle1", bundle=True),
+    Kind("bundleN", ".ascpack --topn {n}", "bundleN", bundle=True),
+)
+BY_ID = {k.cid: k for k in CONTENDERS}
+#: contender ids in report order
+MODEL_CONTENDERS = tuple(BY_ID)
+#: the contenders a bundle is compared with (bundle ÷ best peer)
+PEERS = tuple(k.cid for k in CONTENDERS if not k.bundle)
+BUNDLES = tuple(k.cid for k in CONTENDERS if k.bundle)
+
+
+def label(cid: str, topn: int) -> str:
+    """The label of contender ``cid`` in reports."""
+    return BY_ID[cid].label.format(n=topn)
+
+
+def reason(exc: BaseException) -> str:
+    """One line naming an exception: type and the first non-empty line of its message."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def file_size(path: Path) -> int:
+    """Bytes of an artifact; an ONNX model's external data file counts too."""
+    size = path.stat().st_size
+    data = path.with_name(path.name + ".data")
+    return size + (data.stat().st_size if data.exists() else 0)
+
+
+# ---- building the artifacts (each in a fresh process, run by the parent) -----------------------
+
+def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cache_dir: str | None = None,
+                   tag: str = "") -> dict:
+    """Build one contender's artifact from a model file; returns path, size and build seconds.
+
+    ``kind``: ``aoti`` (``.pt2``), ``onnx`` (``.onnx``), ``bundle1`` / ``bundleN`` (``.ascpack``
+    built with ``--topn 1`` / ``--topn topn``, with the kernel cache ``cache_dir``, default a
+    directory of its own under ``out_dir``). A bundle build also returns its per-stage seconds,
+    the number of candidate compiles and its kernel choices. ``tag`` goes into the file name
+    (a warm rebuild next to the cold build).
+    """
+    from ..loader import load_model_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    extra: dict = {}
+    if kind in ("aoti", "onnx"):
+        loaded = load_model_file(model_file)
+        module, inputs = loaded.module, tuple(t.clone() for t in loaded.example_inputs)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            if kind == "aoti":
+                path = out / f"{loaded.name}{tag}.pt2"
+                ep = torch.export.export(module, inputs)
+                torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
+            else:
+                path = out / f"{loaded.name}{tag}.onnx"
+                torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
+        seconds = time.perf_counter() - t0
+    elif kind in ("bundle1", "bundleN"):
+        from ..pipeline import build_file
+        from .kernels import choices_json
+
+        n = 1 if kind == "bundle1" else topn
+        path = out / f"{Path(model_file).stem}.topn{n}{tag}.ascpack"
+        t0 = time.perf_counter()
+        result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"))
+        seconds = time.perf_counter() - t0
+        extra.update(stages=dict(result.seconds), candidate_compiles=result.kernels_compiled,
+                     cache_hits=result.cache_hits, fallbacks=len(result.fallbacks),
+                     kernels=choices_json(result.choices))
+    else:
+        raise ValueError(f"unknown artifact kind {kind!r}")
+    return {"artifact": str(path), "size": file_size(path), "build_s": seconds, **extra}
+
+
+# ---- checking outputs against eager ------------------------------------------------------------
+
+def flat_outputs(out) -> list:
+    """The output tensors of any contender as one flat list (ONNX Runtime's numpy arrays too)."""
+    from torch.utils import _pytree as pytree
+
+    if isinstance(out, list) and out and not isinstance(out[0], torch.Tensor) and hasattr(out[0], "dtype"):
+        return [torch.from_numpy(o) if hasattr(o, "__array__") else o for o in out]  # ONNX Runtime
+    return pytree.tree_flatten(out)[0]
+
+
+def compare(expected: list, actual: list, expected64: list | None = None) -> tuple[str, float | None]:
+    """("ok" | "wrong: ...", max abs error) of flattened outputs, by the project's accuracy rule
+    (``ascendc_pack_runtime.accuracy``: dtype- and magnitude-aware, float64 second look)."""
+    from ascendc_pack_runtime.accuracy import check_outputs, first_problem
+
+    if len(expected) != len(actual):
+        return f"wrong: {len(actual)} outputs, eager has {len(expected)}", None
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        if not isinstance(e, torch.Tensor) and e != a:
+            return f"wrong: output {i} is {a!r}, eager {e!r}", None
+    idx = [i for i, e in enumerate(expected) if isinstance(e, torch.Tensor)]
+    refs = [expected64[i] for i in idx] if expected64 and len(expected64) == len(expected) else None
+    checks = check_outputs([f"output {i}" for i in idx], [expected[i] for i in idx],
+                           [torch.as_tensor(actual[i]) for i in idx], refs)
+    problem = first_problem(checks)
+    finite = [c.max_error for c in checks if c.max_error != float("inf")]
+    return (f"wrong: {problem}" if problem else "ok"), (max(finite) if finite else None)
+
+
+def reference(model_file: str, data: str) -> dict:
+    """Run eager once on a copy of the example inputs and save inputs, outputs, the inputs after
+    the call (in-place updates) and, where the model runs in float64, a float64 run's outputs
+    (the accuracy rule's second look) to ``data``."""
+    import copy
+
+    from ..loader import load_model_file
+
+    loaded = load_model_file(model_file)
+    inputs = list(loaded.example_inputs)
+    after = [t.clone() for t in inputs]
+    with torch.no_grad():
+        expected = flat_outputs(loaded.module(*after))
+        try:
+            module64 = copy.deepcopy(loaded.module).double()
+            ins64 = [t.double() if t.is_floating_point() else t.clone() for t in inputs]
+            expected64 = flat_outputs(module64(*ins64))
+        except Exception:  # noqa: BLE001 - a model that cannot run in float64 gets no second look
+            expected64 = None
+    torch.save({"inputs": inputs, "expected": expected, "inputs_after": after, "expected64": expected64}, data)
+    return {"inputs": [f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in inputs]}
+
+
+# ---- one contender inside its worker process ---------------------------------------------------
+
+class Contender:
+    """One contender inside its worker process: the callable bound to its inputs."""
+
+    def __init__(self):
+        self.fn = None
+
+    def setup(self, cid: str, model_file: str, data: str, artifact: str | None = None,
+              warmup_s: float = 0.2) -> dict:
+        """Load the contender, run it once on a fresh copy of the inputs (timed, compared with
+        eager), warm it up and estimate microseconds per call. Runs with grad mode off."""
+        saved = torch.load(data, weights_only=True)
+        inputs, expected = saved["inputs"], saved["expected"]
+        t0 = time.perf_counter()
+        make = self._make(cid, model_file, artifact, inputs)
+        load_s = time.perf_counter() - t0
+        check_ins = [t.clone() for t in inputs]
+        check_fn = make(check_ins)
+        t0 = time.perf_counter()
+        out = check_fn()
+        first_s = time.perf_counter() - t0
+        check, err = compare(expected, flat_outputs(out), saved.get("expected64"))
+        for i, (want, got) in enumerate(zip(saved.get("inputs_after", inputs), check_ins)):
+            if check == "ok" and not torch.equal(want, got):
+                check = f"wrong: input {i} after the call differs from eager's (in-place update)"
+        del out, check_fn
+        self.fn = make([t.clone() for t in inputs])
+        times: list[float] = []
+        t_end = time.perf_counter() + warmup_s
+        while len(times) < 3 or time.perf_counter() < t_end:
+            times += time_calls(self.fn, 1)
+        return {"load_s": load_s, "first_call_s": first_s, "check": check, "max_error": err,
+                "est_us": statistics.median(times), "threads": torch.get_num_threads()}
+
+    @staticmethod
+    def _make(cid: str, model_file: str, artifact: str | None, inputs: list):
+        """A function that binds the loaded contender to one set of input tensors."""
+        from ..loader import load_model_file
+
+        if cid in ("eager", "compile", "compile_freeze"):
+            module = load_model_file(model_file).module
+            if cid == "compile":
+                module = torch.compile(module)
+            elif cid == "compile_freeze":
+                # torch._inductor.config.freezing for this compiled module only (no global change)
+                module = torch.compile(module, options={"freezing": True})
+            return lambda ins: (lambda: module(*ins))
+        if cid == "aoti":
+            runner = torch._inductor.aoti_load_package(artifact)
+            return lambda ins: (lambda: runner(*ins))
+        if cid in BUNDLES:
+            import ascendc_pack_runtime as rt
+
+            model = rt.load(artifact)
+            return lambda ins: (lambda: model(*ins))
+        if cid == "ort":
+            return _ort_binder(artifact, load_model_file(model_file).module, len(inputs))
+        raise ValueError(f"unknown contender {cid!r}")
+
+    def time(self, number: int) -> list[float]:
+        """Microseconds of each of ``number`` back-to-back calls."""
+        return time_calls(self.fn, number)
+
+    def handle(self, msg: dict) -> dict:
+        """One request of the parent: ``reference``, ``build``, ``setup`` or ``time``."""
+        try:
+            if msg["cmd"] == "reference":
+                return {"ok": True, **reference(**msg["args"])}
+            if msg["cmd"] == "build":
+                return {"ok": True, **build_artifact(**msg["args"])}
+            if msg["cmd"] == "setup":
+                return {"ok": True, **self.setup(**msg["args"])}
+            if msg["cmd"] == "time":
+                return {"ok": True, "us": self.time(int(msg["number"]))}
+            return {"ok": False, "error": f"unknown command {msg['cmd']!r}"}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
+            return {"ok": False, "error": reason(exc)}
+
+
+def _ort_binder(artifact: str, module: torch.nn.Module, n_inputs: int):
+    """ONNX Runtime session (intra-op threads = usable cores, spinning off) and a binder of
+    input tensors (numpy views) to it."""
+    import inspect
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = host_cores()
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    sess = ort.InferenceSession(artifact, opts, providers=["CPUExecutionProvider"])
+    wanted = [i.name for i in sess.get_inputs()]
+    params = list(inspect.signature(module.forward).parameters)
+    if len(wanted) == n_inputs:
+        names = wanted
+    elif set(wanted) <= set(params[:n_inputs]):  # the exporter dropped unused inputs
+        names = params[:n_inputs]
+    else:
+        raise RuntimeError(f"ONNX inputs {wanted} do not match the model's {n_inputs} inputs")
+
+    def bind(ins):
+        feed = {n: t.numpy() for n, t in zip(names, ins) if n in wanted}
+        return lambda: sess.run(None, feed)
+
+    return bind

@@ -1,0 +1,157 @@
+"""Serve a bundle with KServe's model server: Open Inference Protocol (V2) over REST.
+
+``ascendc-pack serve model.ascpack`` (or ``python -m ascendc_pack_runtime.server``) runs
+:func:`serve`. Needs the ``serve`` extra (``kserve``); the rest of the runtime never imports the
+serving modules. Importing this module has no side effect: KServe is imported when a server
+starts, with the process's ``sys.argv`` hidden from it (``kserve.model_server`` parses
+``sys.argv`` at import).
+
+The parts: :mod:`~ascendc_pack_runtime.v2_request` (strict request decoding, response encoding),
+:mod:`~ascendc_pack_runtime.kserve_model` (the ``kserve.Model``),
+:mod:`~ascendc_pack_runtime.kserve_app` (KServe's REST server on a fresh app, the infer route),
+:mod:`~ascendc_pack_runtime.http_edge` (timeouts, size limits, decompression).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+logger = logging.getLogger("kserve.ascendc_pack")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Settings of :func:`serve` (the ``ascendc-pack serve`` options)."""
+
+    host: str = "127.0.0.1"
+    """Loopback by default: the server has no authentication or TLS and runs native code on what
+    clients send; listening on other interfaces (``0.0.0.0`` in a container) is a choice."""
+    port: int = 8080
+    workers: int = 1
+    """Model instances serving requests in parallel (not uvicorn processes)."""
+    access_log: bool = True
+    max_body_bytes: int | None = None
+    """Largest request body after decompression; None: :func:`default_max_body_bytes`."""
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 15.0
+    """An idle kept-alive connection is closed after this (behind a proxy: above its idle timeout)."""
+    limit_concurrency: int = 64
+    """Connections plus requests in flight; beyond it uvicorn answers 503."""
+    max_header_bytes: int = 64 * 1024
+
+    def __post_init__(self):
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+        if not isinstance(self.limit_concurrency, int) or self.limit_concurrency < 1:
+            raise ValueError(f"limit_concurrency must be an integer >= 1, got {self.limit_concurrency!r}")
+        if self.max_body_bytes is not None and self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes!r}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+
+
+def default_max_body_bytes(input_bytes: int) -> int:
+    """1 MiB + 16 x the model's input bytes: room for JSON (up to ~7 characters per byte of
+    tensor, pretty-printed) and the binary extension, and no more."""
+    return 2**20 + 16 * input_bytes
+
+
+def _import_serving():
+    argv = sys.argv
+    sys.argv = argv[:1]  # kserve.model_server parses sys.argv when first imported; ours are not its
+    try:
+        from . import kserve_app, kserve_model
+    except ImportError as e:
+        raise ImportError(f"serving needs KServe ({e}); install it with: pip install 'ascendc-pack[serve]'") from None
+    finally:
+        sys.argv = argv
+    return kserve_app, kserve_model
+
+
+def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: str | None = None,
+          runner_factory: Callable | None = None, platform: str | None = None,
+          cache_dir: str | Path | None = None) -> None:
+    """Serve ``bundle`` over V2 REST with KServe's ModelServer until SIGINT/SIGTERM.
+
+    The bundle is verified and loaded first (errors raise before anything listens). The server
+    then starts at once: ``/v2/health/live`` answers 200 while the ``workers`` instances load and
+    warm up, and ``/v2/health/ready`` and the model's ``ready`` turn 200 after that.
+    """
+    kserve_app, kserve_model = _import_serving()
+    from kserve import ModelServer
+
+    from .http_edge import EdgeLimits
+
+    model = kserve_model.AscpackModel(bundle, name, workers=options.workers, runner_factory=runner_factory,
+                                      platform=platform, cache_dir=cache_dir)
+    limits = EdgeLimits(max_body_bytes=options.max_body_bytes or default_max_body_bytes(model.input_bytes),
+                        header_timeout_s=options.header_timeout_s, body_timeout_s=options.body_timeout_s,
+                        max_header_bytes=options.max_header_bytes)
+    server = ModelServer(http_port=options.port, enable_grpc=False, workers=1, enable_latency_logging=False)
+    server.dataplane = kserve_app.AscpackDataPlane(model_registry=server.registered_models)
+    server.register_model(model)
+    rest = kserve_app.AscpackRESTServer(
+        server.dataplane, server.model_repository_extension, host=options.host, port=options.port, limits=limits,
+        access_log=options.access_log, timeout_keep_alive_s=options.keep_alive_s,
+        limit_concurrency=options.limit_concurrency)
+
+    def load_in_background():
+        try:
+            model.load()
+        except BaseException as e:  # noqa: BLE001 - a server that can never get ready must not linger
+            logger.error("model %r failed to load: %s", model.name, e)
+            sys.stderr.flush()
+            os._exit(1)
+
+    server._rest_server = rest
+    server.servers.append(rest.start())
+    threading.Thread(target=load_in_background, name="ascpack-load", daemon=True).start()
+    server.register_signal_handler()
+    logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), body limit %d bytes, header/body "
+                "timeouts %g/%g s, concurrency limit %d)", bundle, model.name, options.host, options.port,
+                options.workers, limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s,
+                options.limit_concurrency)
+    try:
+        asyncio.run(server._serve())
+    finally:
+        model.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    d = ServeOptions()
+    p = argparse.ArgumentParser(prog="python -m ascendc_pack_runtime.server",
+                                description="Serve an .ascpack bundle over the Open Inference Protocol (V2) with KServe.")
+    p.add_argument("bundle")
+    p.add_argument("--name", default=None)
+    p.add_argument("--host", default=d.host, help="default %(default)s (this machine only)")
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument("--no-access-log", action="store_true")
+    p.add_argument("--max-body-mb", type=float, default=None)
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout_s)
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout_s)
+    p.add_argument("--keep-alive", type=float, default=d.keep_alive_s)
+    p.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency)
+    a = p.parse_args(argv)
+    options = ServeOptions(host=a.host, port=a.port, workers=a.workers, access_log=not a.no_access_log,
+                           max_body_bytes=None if a.max_body_mb is None else int(a.max_body_mb * 2**20),
+                           header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
+                           keep_alive_s=a.keep_alive, limit_concurrency=a.limit_concurrency)
+    serve(a.bundle, options, name=a.name)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["ServeOptions", "serve", "main", "default_max_body_bytes"]

@@ -1,0 +1,439 @@
+// ascendc_pack/graph_interp.h - the interpreter of graph programs (graph ABI 1).
+//
+// Include this header in exactly one translation unit; ascendc-pack compiles that unit once per
+// toolchain (compiler, flags, torch, these headers) into an object kept in its build cache and
+// links it with each generated graph.cpp (ascendc_pack/graph_program.h) into a graph.so.
+//
+// What graph.so does (CppWrapper mode): ATen steps are boxed calls through c10::Dispatcher
+// (operator handles and argument templates holding every constant prepared at load; a call
+// copies the template, drops in the tensors and calls the kernel), fused kernels are static
+// kernel libraries (ascendc_pack/kernel_abi.h) found relative to the bundle root and checked
+// against the kernel_key baked into graph.cpp, torch.cond is a branch. It registers the
+// operators <ns>::{init, run, release, signature}; `ns` comes from graph.cpp.
+#ifndef ASCENDC_PACK_GRAPH_INTERP_H_
+#define ASCENDC_PACK_GRAPH_INTERP_H_
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ascendc_pack/graph_program.h"
+#include "ascendc_pack/kernel_abi.h"
+
+namespace ap_interp {
+namespace {
+
+static_assert(int(c10::ScalarType::Byte) == AP_Byte && int(c10::ScalarType::Char) == AP_Char &&
+              int(c10::ScalarType::Short) == AP_Short && int(c10::ScalarType::Int) == AP_Int &&
+              int(c10::ScalarType::Long) == AP_Long && int(c10::ScalarType::Half) == AP_Half &&
+              int(c10::ScalarType::Float) == AP_Float && int(c10::ScalarType::Double) == AP_Double &&
+              int(c10::ScalarType::ComplexFloat) == AP_ComplexFloat &&
+              int(c10::ScalarType::ComplexDouble) == AP_ComplexDouble &&
+              int(c10::ScalarType::Bool) == AP_Bool && int(c10::ScalarType::BFloat16) == AP_BFloat16,
+              "ap_dtype must match c10::ScalarType");
+
+[[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
+
+std::string shape_str(c10::IntArrayRef xs) {
+  std::string s = "[";
+  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + std::to_string(xs[i]);
+  return s + "]";
+}
+
+inline c10::ScalarType dtype(int64_t code) { return static_cast<c10::ScalarType>(code); }
+
+// ---- boxed ATen calls --------------------------------------------------------------------
+struct Op {
+  c10::OperatorHandle op;
+  torch::jit::Stack tmpl;  // every argument; tensors that change per call are filled in per call
+};
+
+Op make_op(const char* name, const char* overload, torch::jit::Stack tmpl) {
+  auto h = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!h) {
+    fail(std::string("operator ") + name + (overload[0] ? "." : "") + overload +
+         " is not registered in this process; the bundle needs a torch build that provides it "
+         "(and any custom-op library it comes from must be imported before loading)");
+  }
+  return Op{*h, std::move(tmpl)};
+}
+
+// A Python number passed as a Tensor argument, wrapped as torch does (type promotion rules).
+template <typename T>
+at::Tensor wrapped_scalar(T v, c10::ScalarType dt) {
+  at::Tensor t = at::detail::empty_cpu({}, dt);
+  *static_cast<T*>(t.data_ptr()) = v;
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+c10::MemoryFormat memory_format(int64_t code) {
+  switch (code) {
+    case AP_Contiguous: return c10::MemoryFormat::Contiguous;
+    case AP_Preserve: return c10::MemoryFormat::Preserve;
+    case AP_ChannelsLast: return c10::MemoryFormat::ChannelsLast;
+    case AP_ChannelsLast3d: return c10::MemoryFormat::ChannelsLast3d;
+  }
+  fail("internal error: unknown memory format " + std::to_string(code));
+}
+
+// ---- memory --------------------------------------------------------------------------------
+at::Tensor empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dt) {
+  return at::detail::empty_strided_cpu(sizes, strides, dt);
+}
+
+void release_arena_ref(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+// A planned buffer: its bytes live in the arena at byte_offset, but it is a Storage of its own,
+// exactly nbytes long. ATen's *_scatter ops and the functional copy clone the *whole storage* of
+// their input (clone_preserve_strides); with one Storage for the arena every such step copied
+// the arena. The buffer's storage holds a reference to the arena's, so the memory stays valid
+// as long as any view of the buffer lives.
+at::Tensor arena_buffer(const at::Tensor& arena, int64_t byte_offset, int64_t nbytes,
+                        c10::ScalarType dt, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  void* data = static_cast<char*>(arena.storage().mutable_data()) + byte_offset;
+  c10::DataPtr ptr(data, new c10::Storage(arena.storage()), &release_arena_ref, arena.device());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr,
+                       /*resizable=*/false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), c10::scalarTypeToTypeMeta(dt));
+  impl->set_sizes_and_strides(sizes, strides, std::optional<int64_t>(0));
+  return at::Tensor(std::move(impl));
+}
+
+bool same_layout(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  if (t.sizes() != sizes) return false;
+  auto st = t.strides();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] != 1 && st[i] != strides[i]) return false;
+  return true;
+}
+
+// Copy src into dst's layout; dst may be compact (size 1) along broadcast dims of src.
+void relayout(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.sizes() == dst.sizes()) {
+    dst.copy_(src);
+  } else {
+    dst.copy_(src.as_strided(dst.sizes(), src.strides(), src.storage_offset()));
+  }
+}
+
+// Safety net before a kernel reads a tensor whose layout was only predicted at build time.
+at::Tensor expect_layout(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  if (same_layout(t, sizes, strides)) return t;
+  if (t.sizes() != sizes) fail("internal error: tensor of shape " + shape_str(t.sizes()) +
+                               " where the graph expects " + shape_str(sizes));
+  std::vector<int64_t> base(sizes.begin(), sizes.end());
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (strides[i] == 0 && sizes[i] != 1) base[i] = 1;
+  at::Tensor dst = empty_strided(base, strides, t.scalar_type());
+  relayout(t, dst);
+  return dst;
+}
+
+bool truthy(const at::Tensor& t) {
+  if (t.numel() != 1) fail("torch.cond predicate has " + std::to_string(t.numel()) + " elements, expected 1");
+  return t.item().toBool();
+}
+
+// ---- fused kernels -----------------------------------------------------------------------
+struct Kernel {
+  void* handle = nullptr;
+  int (*launch)(void* const*, void* const*, void*, int32_t) = nullptr;
+  const ap_kernel_spec* spec = nullptr;
+};
+
+Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
+  std::string path = root + "/" + spec.file;
+  Kernel k;
+  k.spec = &spec;
+  k.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!k.handle) {
+    const char* err = dlerror();
+    fail(std::string("cannot load kernel library ") + spec.file + " of kernel " + spec.name + ": " +
+         (err ? err : "unknown error") + "; the bundle is incomplete or was built for another host");
+  }
+  auto describe = reinterpret_cast<const ap_kernel_info* (*)()>(dlsym(k.handle, "ap_kernel_describe"));
+  k.launch = reinterpret_cast<int (*)(void* const*, void* const*, void*, int32_t)>(
+      dlsym(k.handle, "ap_kernel_launch"));
+  std::string where = std::string("kernel library ") + spec.file;
+  if (!describe || !k.launch) {
+    dlclose(k.handle);
+    fail(where + " does not export the ascendc-pack kernel ABI (ap_kernel_describe/ap_kernel_launch)");
+  }
+  const ap_kernel_info* info = describe();
+  std::string problem;
+  if (!info) problem = "ap_kernel_describe() returned NULL";
+  else if (info->abi_version != AP_KERNEL_ABI_VERSION)
+    problem = "kernel ABI " + std::to_string(info->abi_version) + ", the graph uses ABI " +
+              std::to_string(AP_KERNEL_ABI_VERSION);
+  else if (!info->kernel_key || std::strcmp(info->kernel_key, spec.kernel_key) != 0)
+    problem = std::string("kernel_key ") + (info->kernel_key ? info->kernel_key : "(null)") +
+              " does not match the kernel_key " + spec.kernel_key + " baked into the graph";
+  else if (!info->name || std::strcmp(info->name, spec.name) != 0)
+    problem = std::string("kernel name ") + (info->name ? info->name : "(null)") + " is not " + spec.name;
+  else if (info->n_inputs != spec.n_inputs || info->n_outputs != spec.n_outputs)
+    problem = "it takes " + std::to_string(info->n_inputs) + " inputs and " +
+              std::to_string(info->n_outputs) + " outputs, the graph passes " +
+              std::to_string(spec.n_inputs) + " and " + std::to_string(spec.n_outputs);
+  else if (info->workspace > spec.workspace)
+    problem = "it needs " + std::to_string(info->workspace) + " bytes of workspace, the graph plans " +
+              std::to_string(spec.workspace);
+  if (!problem.empty()) {
+    dlclose(k.handle);
+    fail(where + " is not the kernel this graph was built with: " + problem +
+         "; the bundle was modified or assembled from mismatched files, rebuild it");
+  }
+  return k;
+}
+
+inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws) {
+  int rc = k.launch(ins, outs, ws, 0);
+  if (rc != 0)
+    fail(std::string("fused kernel ") + k.spec->name + " (kernel_key " + k.spec->kernel_key +
+         ") failed with status " + std::to_string(rc));
+}
+
+// ---- io checks -----------------------------------------------------------------------------
+void check_tensors(const std::vector<at::Tensor>& ts, const ap_tensor_spec* specs, int32_t n,
+                   const char* what) {
+  if (ts.size() != size_t(n))
+    fail(std::string("expected ") + std::to_string(n) + " " + what + "s, got " + std::to_string(ts.size()));
+  for (int32_t i = 0; i < n; ++i) {
+    const auto& t = ts[i];
+    const auto& s = specs[i];
+    c10::IntArrayRef sizes(s.sizes, s.ndim), strides(s.strides, s.ndim);
+    std::string name = std::string(what) + " " + std::to_string(i) + " (" + s.name + ")";
+    if (!t.defined()) fail(name + " is undefined");
+    if (!t.device().is_cpu()) fail(name + " is on " + t.device().str() + ", expected cpu");
+    if (t.scalar_type() != dtype(s.dtype))
+      fail(name + " has dtype " + c10::toString(t.scalar_type()) + ", expected " + c10::toString(dtype(s.dtype)));
+    if (t.sizes() != sizes)
+      fail(name + " has shape " + shape_str(t.sizes()) + ", expected " + shape_str(sizes));
+    if (!same_layout(t, sizes, strides))
+      fail(name + " has strides " + shape_str(t.strides()) + ", expected " + shape_str(strides));
+  }
+}
+
+// ---- state -----------------------------------------------------------------------------
+struct State {
+  std::mutex mu;                  // one call at a time: the arena is shared by every call
+  std::vector<at::Tensor> w;      // weights (zero-copy views of weights.bin)
+  at::Tensor arena;               // the memory of every planned intermediate buffer
+  std::vector<at::Tensor> t;      // static tensors: planned buffers and views of static tensors
+  std::vector<Op> ops;
+  std::vector<Kernel> kernels;
+  ~State() {
+    for (auto& k : kernels)
+      if (k.handle) dlclose(k.handle);
+  }
+};
+
+// The registers of one execution of an instruction list.
+struct Frame {
+  State& S;
+  std::vector<at::Tensor>* in;     // null while initializing
+  std::vector<at::Tensor> locals;
+
+  at::Tensor& operator[](ap_ref r) {
+    switch (r.space) {
+      case AP_INPUT: return (*in)[r.index];
+      case AP_WEIGHT: return S.w[r.index];
+      case AP_STATIC: return S.t[r.index];
+      case AP_LOCAL: return locals[r.index];
+    }
+    fail("internal error: register " + std::to_string(r.space) + ":" + std::to_string(r.index));
+  }
+};
+
+c10::IValue constant(const ap_arg& a) {
+  switch (a.kind) {
+    case AP_ARG_NONE: return c10::IValue();
+    case AP_ARG_INT: return c10::IValue(a.i);
+    case AP_ARG_DOUBLE: return c10::IValue(a.d);
+    case AP_ARG_BOOL: return c10::IValue(a.i != 0);
+    case AP_ARG_STRING: return c10::IValue(std::string(static_cast<const char*>(a.items)));
+    case AP_ARG_INTS: {
+      auto p = static_cast<const int64_t*>(a.items);
+      return c10::IValue(std::vector<int64_t>(p, p + a.n));
+    }
+    case AP_ARG_DOUBLES: {
+      auto p = static_cast<const double*>(a.items);
+      return c10::IValue(std::vector<double>(p, p + a.n));
+    }
+    case AP_ARG_BOOLS: {
+      auto p = static_cast<const bool*>(a.items);
+      c10::List<bool> items;
+      for (int32_t k = 0; k < a.n; ++k) items.push_back(p[k]);
+      return c10::IValue(std::move(items));
+    }
+    case AP_ARG_DTYPE: return c10::IValue(dtype(a.i));
+    case AP_ARG_LAYOUT_STRIDED: return c10::IValue(c10::Layout::Strided);
+    case AP_ARG_MEMORY_FORMAT: return c10::IValue(memory_format(a.i));
+    case AP_ARG_DEVICE_CPU: return c10::IValue(c10::Device(c10::DeviceType::CPU));
+    case AP_ARG_WRAPPED_INT: return c10::IValue(wrapped_scalar<int64_t>(a.i, c10::ScalarType::Long));
+    case AP_ARG_WRAPPED_DOUBLE: return c10::IValue(wrapped_scalar<double>(a.d, c10::ScalarType::Double));
+    case AP_ARG_WRAPPED_BOOL: return c10::IValue(wrapped_scalar<bool>(a.i != 0, c10::ScalarType::Bool));
+    case AP_ARG_TENSOR: case AP_ARG_TENSORS: case AP_ARG_OPTIONAL_TENSORS:
+      return c10::IValue();  // filled in at load or per call
+  }
+  fail("internal error: unknown argument kind " + std::to_string(a.kind));
+}
+
+c10::IValue value(const ap_arg& a, Frame& f) {
+  if (a.kind == AP_ARG_TENSOR) return c10::IValue(f[a.t]);
+  auto refs = static_cast<const ap_ref*>(a.items);
+  if (a.kind == AP_ARG_TENSORS) {
+    c10::List<at::Tensor> items;
+    items.reserve(a.n);
+    for (int32_t k = 0; k < a.n; ++k) items.push_back(f[refs[k]]);
+    return c10::IValue(std::move(items));
+  }
+  if (a.kind == AP_ARG_OPTIONAL_TENSORS) {
+    c10::List<std::optional<at::Tensor>> items;
+    items.reserve(a.n);
+    for (int32_t k = 0; k < a.n; ++k)
+      items.push_back(refs[k].space == AP_NOWHERE ? std::optional<at::Tensor>()
+                                                  : std::optional<at::Tensor>(f[refs[k]]));
+    return c10::IValue(std::move(items));
+  }
+  return constant(a);
+}
+
+void call(const ap_insn& x, Frame& f) {
+  Op& op = f.S.ops[x.a];
+  torch::jit::Stack s(op.tmpl);
+  for (int32_t k = 0; k < x.nargs; ++k) s[x.args[k].pos] = value(x.args[k].arg, f);
+  op.op.callBoxed(&s);
+  for (int32_t k = 0; k < x.nrefs; ++k) {
+    if (x.refs[k].space == AP_NOWHERE) continue;
+    f[x.refs[k]] = x.b ? s[0].toTensorList().get(k) : std::move(s[k]).toTensor();
+  }
+}
+
+void launch_kernel(const ap_insn& x, Frame& f) {
+  c10::SmallVector<void*, 16> ptrs;
+  for (int32_t k = 0; k < x.nrefs; ++k) ptrs.push_back(f[x.refs[k]].data_ptr());
+  ptrs.push_back(nullptr);  // never an empty array
+  void* ws = x.src.space == AP_NOWHERE ? nullptr : f[x.src].data_ptr();
+  launch(f.S.kernels[x.a], ptrs.data(), ptrs.data() + x.b, ws);
+}
+
+void exec(const ap_insn* code, int32_t n, Frame& f) {
+  for (int32_t pc = 0; pc < n;) {
+    const ap_insn& x = code[pc++];
+    c10::IntArrayRef shape(x.shape, x.ndim), stride(x.stride, x.ndim);
+    switch (x.code) {
+      case AP_CALL: call(x, f); break;
+      case AP_SET_ARG: f.S.ops[x.a].tmpl[x.b] = value(x.args[0].arg, f); break;
+      case AP_EMPTY: f[x.dst] = empty_strided(shape, stride, dtype(x.a)); break;
+      case AP_ARENA: f[x.dst] = arena_buffer(f.S.arena, x.offset, x.nbytes, dtype(x.a), shape, stride); break;
+      case AP_LAUNCH: launch_kernel(x, f); break;
+      case AP_RELAYOUT: relayout(f[x.src], f[x.dst]); break;
+      case AP_EXPECT: f[x.dst] = expect_layout(f[x.src], shape, stride); break;
+      case AP_MOVE: f[x.dst] = f[x.src]; break;
+      case AP_COPY: f[x.dst].copy_(f[x.src]); break;
+      case AP_BRANCH:
+        if (!(x.a < 0 ? truthy(f[x.src]) : x.a != 0)) pc = x.b;
+        break;
+      case AP_JUMP: pc = x.b; break;
+      default: fail("internal error: unknown instruction " + std::to_string(x.code));
+    }
+  }
+}
+
+// ---- the registered operators --------------------------------------------------------------
+const ap_graph& G = ap_graph_program;
+std::mutex g_mu;
+std::unordered_map<int64_t, std::shared_ptr<State>> g_states;
+int64_t g_next = 1;
+
+std::shared_ptr<State> get_state(int64_t handle) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_states.find(handle);
+  if (it == g_states.end())
+    fail("graph handle " + std::to_string(handle) + " is not loaded (released or never created)");
+  return it->second;
+}
+
+int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
+  if (G.program_version != AP_GRAPH_PROGRAM_VERSION)
+    fail("graph.cpp holds program version " + std::to_string(G.program_version) + ", its interpreter " +
+         std::to_string(AP_GRAPH_PROGRAM_VERSION) + "; rebuild the bundle");
+  auto holder = std::make_shared<State>();
+  State& S = *holder;
+  check_tensors(weights, G.weights, G.n_weights, "weight");
+  S.w = std::move(weights);
+  for (int32_t i = 0; i < G.n_kernels; ++i) S.kernels.push_back(load_kernel(root, G.kernels[i]));
+  S.arena = empty_strided({G.arena_bytes}, {1}, c10::ScalarType::Byte);
+  if (G.arena_bytes > 0) std::memset(S.arena.data_ptr(), 0, G.arena_bytes);  // fault pages in once
+  S.t.resize(G.n_static);
+  S.ops.reserve(G.n_ops);
+  for (int32_t i = 0; i < G.n_ops; ++i) {
+    torch::jit::Stack tmpl;
+    tmpl.reserve(G.ops[i].nargs);
+    for (int32_t k = 0; k < G.ops[i].nargs; ++k) tmpl.push_back(constant(G.ops[i].args[k]));
+    S.ops.push_back(make_op(G.ops[i].name, G.ops[i].overload, std::move(tmpl)));
+  }
+  Frame f{S, nullptr, {}};
+  exec(G.init, G.n_init, f);  // planned buffers, tensors that never change, views of them
+  std::lock_guard<std::mutex> lock(g_mu);
+  int64_t handle = g_next++;
+  g_states[handle] = std::move(holder);
+  return handle;
+}
+
+std::vector<at::Tensor> graph_run(int64_t handle, std::vector<at::Tensor> in) {
+  auto holder = get_state(handle);
+  State& S = *holder;
+  std::lock_guard<std::mutex> lock(S.mu);
+  check_tensors(in, G.inputs, G.n_inputs, "input");
+  Frame f{S, &in, std::vector<at::Tensor>(G.n_locals)};
+  exec(G.run, G.n_run, f);
+  std::vector<at::Tensor> out;
+  out.reserve(G.n_returns);
+  for (int32_t i = 0; i < G.n_returns; ++i) out.push_back(f[G.returns[i]]);
+  return out;
+}
+
+void graph_release(int64_t handle) {
+  std::shared_ptr<State> victim;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_states.find(handle);
+    if (it == g_states.end()) return;
+    victim = std::move(it->second);
+    g_states.erase(it);
+  }
+}
+
+std::string graph_signature() { return G.signature; }
+
+void define_ops(torch::Library& m) {
+  m.def("init(Tensor[] weights, str root) -> int", &graph_init);
+  m.def("run(int handle, Tensor[] inputs) -> Tensor[]", &graph_run);
+  m.def("release(int handle) -> ()", &graph_release);
+  m.def("signature() -> str", &graph_signature);
+}
+
+// TORCH_LIBRARY with the namespace graph.cpp names (ap_graph_program is constant-initialized,
+// so it is ready before any dynamic initializer runs).
+const torch::detail::TorchLibraryInit registrar(torch::Library::DEF, &define_ops, ap_graph_program.ns,
+                                                std::nullopt, "ascendc_pack/graph_interp.h", 0);
+
+}  // namespace
+}  // namespace ap_interp
+
+#endif  // ASCENDC_PACK_GRAPH_INTERP_H_

@@ -1,0 +1,106 @@
+// ascendc_pack/rt/sha256.hpp - SHA-256 (FIPS 180-4) of buffers and files, no dependency.
+#ifndef ASCENDC_PACK_RT_SHA256_HPP
+#define ASCENDC_PACK_RT_SHA256_HPP
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ascendc_pack {
+namespace detail {
+
+class Sha256 {
+ public:
+  Sha256() { reset(); }
+  void update(const uint8_t* data, size_t n) {
+    total_ += n;
+    while (n > 0) {
+      size_t take = std::min(n, size_t(64) - fill_);
+      std::memcpy(buf_ + fill_, data, take);
+      fill_ += take;
+      data += take;
+      n -= take;
+      if (fill_ == 64) { block(buf_); fill_ = 0; }
+    }
+  }
+  std::string hex() {
+    uint64_t bits = total_ * 8;
+    uint8_t pad = 0x80;
+    update(&pad, 1);
+    uint8_t zero = 0;
+    while (fill_ != 56) update(&zero, 1);
+    uint8_t len[8];
+    for (int k = 0; k < 8; ++k) len[k] = uint8_t(bits >> (56 - 8 * k));
+    update(len, 8);
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    for (uint32_t w : h_)
+      for (int k = 28; k >= 0; k -= 4) out += digits[(w >> k) & 0xF];
+    return out;
+  }
+
+ private:
+  uint32_t h_[8];
+  uint8_t buf_[64];
+  size_t fill_ = 0;
+  uint64_t total_ = 0;
+  void reset() {
+    static const uint32_t init[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    std::memcpy(h_, init, sizeof(h_));
+  }
+  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+  void block(const uint8_t* p) {
+    static const uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+    uint32_t w[64];
+    for (int t = 0; t < 16; ++t)
+      w[t] = uint32_t(p[4 * t]) << 24 | uint32_t(p[4 * t + 1]) << 16 | uint32_t(p[4 * t + 2]) << 8 | p[4 * t + 3];
+    for (int t = 16; t < 64; ++t) {
+      uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+      uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+      w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+    for (int t = 0; t < 64; ++t) {
+      uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[t] + w[t];
+      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+  }
+};
+
+inline std::string sha256_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  Sha256 h;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    h.update(reinterpret_cast<const uint8_t*>(buf.data()), size_t(in.gcount()));
+  }
+  return h.hex();
+}
+
+inline std::string sha256_hex(const std::string& data) {
+  Sha256 h;
+  h.update(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  return h.hex();
+}
+
+}  // namespace detail
+}  // namespace ascendc_pack
+
+#endif  // ASCENDC_PACK_RT_SHA256_HPP
