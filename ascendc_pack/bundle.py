@@ -37,6 +37,7 @@ from ascendc_pack_runtime.constants import (FORMAT_VERSION, GRAPH_ABI_VERSION, G
                                             MANIFEST_NAME, TUNING_FILE, WEIGHT_ALIGNMENT, WEIGHTS_FILE)
 from ascendc_pack_runtime.manifest import check_member_name
 
+from .backend import get_backend
 from .cache import check_component
 from .choice import KernelChoice
 from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, describe_library, isa_features, package_version
@@ -279,13 +280,16 @@ def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str]
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
     identity = compiler_identity(cxx)
+    backend = get_backend(config.backend)
+    device = backend.manifest_target(config)  # what the backend adds (npu: the SoC, emulated or not)
     return contract.Manifest(
         format_version=FORMAT_VERSION,
         producer=contract.Producer("ascendc-pack", package_version()),
         model_name=model.name,
-        backend=config.backend,
+        backend=backend.name,
         target=contract.Target(platform.machine(), config.march, tuple(isa),
-                               identity.split(" ", 1)[1] if " " in identity else identity),
+                               identity.split(" ", 1)[1] if " " in identity else identity,
+                               device.get("soc"), device.get("emulated")),
         torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
         core_limit=config.cores,
         cores=config.effective_cores,

@@ -5,6 +5,7 @@ load model.py -> capture -> fuse -> tile/render/compile -> tune (PGO) -> render 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_o
 from .errors import PackError, VerificationError
 from .executor import run_model
 from .loader import LoadedModel, load_model_file
+
+log = logging.getLogger("ascendc_pack")
 
 
 def capture_file(model_file: str | Path) -> tuple[LoadedModel, Captured]:
@@ -108,15 +111,23 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
 
     ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent).
     """
+    from .backend import get_backend
     from .fuse import fuse
     from .kernels import prepare_kernels, total_candidates
     from .progress import Progress
+    from .tune import inline_kernels
 
+    backend = get_backend(config.backend)  # a backend this host cannot use fails here, before capture
     progress = progress or Progress(enabled=False)
     with progress.stage("capture"):
         captured = capture(module, _clone(example_inputs), name=name, output_names=output_names)
     with progress.stage("fuse"):
         fused = fuse(captured.model)
+        # kernels the backend cannot generate run as their ATen steps (never a wrong kernel)
+        unsupported = {s.name: why for s in fused.program.fused_steps() if (why := backend.unsupported(s.kernel))}
+        for kernel, why in sorted(unsupported.items()):
+            log.warning("kernel %s stays ATen on the %s backend: %s", kernel, backend.name, why)
+        fused = inline_kernels(fused, unsupported)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
         kernels = prepare_kernels(fused.program, config, st.advance)
     return captured, fused, kernels, dict(progress.seconds)

@@ -23,9 +23,8 @@ from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime import bundle as runtime_bundle
+from ascendc_pack_runtime.host import host_problems
 from ascendc_pack_runtime.kernels import KernelLibrary
-from ascendc_pack_runtime.npu_host import npu_host_problems
 
 from .. import autotune, compiler, verify
 from ..cache import stable_hash
@@ -88,9 +87,9 @@ class _NpuCommon:
                 "soc": self.soc.name, "emulated": self.emulated, "vector_cores": self.soc.vector_cores,
                 "core_limit": self.target(config).cores}
 
-    def host_problems(self, manifest: dict) -> list[Exception]:
-        cpu = [p for p in runtime_bundle.host_problems(manifest) if getattr(p, "field", None) != "backend"]
-        return cpu + list(npu_host_problems(manifest))
+    def host_problems(self, manifest) -> list[Exception]:
+        """The runtime's host check of a (typed) manifest: the common CPU checks and the npu ones."""
+        return list(host_problems(manifest))
 
 
 class EmulatedNpuBackend(_NpuCommon):

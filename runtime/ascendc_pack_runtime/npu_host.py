@@ -1,8 +1,9 @@
 """Host check of ``npu`` bundles: can this host run a bundle built with ``--backend npu``?
 
-:func:`npu_host_problems` is the npu part of the runtime's host check; it is called for a
-manifest whose ``backend`` is ``"npu"``, in addition to the checks every bundle gets (CPU
-architecture and ISA of graph.so, torch release, C++ ABI).
+:func:`npu_host_problems` is the npu part of the runtime's host check
+(:func:`ascendc_pack_runtime.host.host_problems` calls it for a manifest whose ``backend`` is
+``"npu"``, besides the checks every bundle gets: CPU architecture and ISA of graph.so, torch
+release, C++ ABI).
 
 * An **emulated** bundle (``target.emulated`` true, ``--backend npu --emulate``) holds AscendC
   kernels compiled against the CPU emulation: it runs on this CPU like a cpu bundle and needs
@@ -20,6 +21,7 @@ from __future__ import annotations
 import importlib
 
 from .errors import BackendUnavailableError, IncompatibleBundleError
+from .manifest import Manifest
 
 MANIFEST = "manifest.json"
 
@@ -43,12 +45,12 @@ def _host_soc() -> str:
     return name if name.startswith("Ascend") else f"Ascend{name}"
 
 
-def npu_host_problems(manifest: dict, import_module=importlib.import_module) -> list[IncompatibleBundleError]:
-    """Why this host cannot run the npu bundle described by ``manifest`` (empty when it can)."""
-    target = manifest.get("target") or {}
-    if target.get("emulated"):
+def npu_host_problems(manifest: Manifest, import_module=importlib.import_module) -> list[IncompatibleBundleError]:
+    """Why this host cannot run the npu bundle described by ``manifest`` (empty when it can);
+    ``import_module`` imports torch_npu (a parameter so a test can stand in for it)."""
+    if manifest.target.emulated:
         return []
-    soc = str(target.get("soc", ""))
+    soc = manifest.target.soc or ""
     try:
         import_module("torch_npu")
     except ImportError as exc:
