@@ -3,7 +3,9 @@
 * :mod:`.layout`   - what the generator can express (rows x a contiguous inner range), else
                      ``unsupported: <reason>`` and the kernel stays ATen;
 * :mod:`.emit`     - spec ops -> AscendC Vector instructions;
-* :mod:`.codegen`  - the kernel source of one candidate (templates/kernel/npu/);
+* :mod:`.planner`  - the kernel class's member functions: tile passes, UB slots, row values;
+* :mod:`.codegen`  - a mode's kernel plan, its Unified Buffer, the source of one candidate
+                     (templates/kernel/npu/);
 * :mod:`.tiling`   - candidate tilings ranked by the npu cost model (UB capacity, alignment,
                      DMA vs Vector time);
 * :mod:`.toolchain`- the emulation build (g++ against runtime/include/ascendc_pack/ascendc_emu)
