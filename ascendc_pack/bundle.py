@@ -292,7 +292,7 @@ def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str]
                                device.get("soc"), device.get("emulated")),
         torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
         core_limit=config.cores,
-        cores=config.effective_cores,
+        cores=backend.target(config).cores,
         topn=config.topn,
         inputs=tuple(inputs),
         outputs=tuple(outputs),

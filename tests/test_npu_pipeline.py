@@ -64,6 +64,19 @@ def _build_example(name, tmp_path, topn=2):
     return result, bundle
 
 
+def test_core_limit_is_the_npu_vector_cores(tmp_path):
+    """--cores caps block_dim on the npu's vector cores (not this host's CPU cores)."""
+    from ascendc_pack.config import BuildConfig
+
+    emu = get_backend("npu-emu")
+    assert emu.target(BuildConfig.resolve(cache_dir=tmp_path)).cores == 48
+    assert emu.target(BuildConfig.resolve(cores=8, backend="npu-emu", cache_dir=tmp_path)).cores == 8
+    with pytest.raises(ConfigError, match="--cores 64 exceeds the 48 vector cores of Ascend910B2"):
+        emu.target(BuildConfig.resolve(cores=64, backend="npu-emu", cache_dir=tmp_path))
+    with pytest.raises(ConfigError, match="--cores must be a positive integer"):
+        BuildConfig.resolve(cores=0, backend="npu-emu", cache_dir=tmp_path)
+
+
 def test_emulated_backend_is_a_backend():
     b = get_backend("npu-emu")
     assert isinstance(b, Backend) and b.name == "npu" and b.timing == "emulated"
@@ -127,6 +140,24 @@ def test_emulate_needs_backend_npu(tmp_path):
     result = CliRunner().invoke(main, ["build", str(EXAMPLES / "add_sum.py"), "--emulate",
                                        "--cache-dir", str(tmp_path)])
     assert result.exit_code == 1 and "use `--backend npu --emulate`" in result.output
+
+
+def test_cann_command_follows_the_documented_bisheng_options(tmp_path):
+    """The device build's command (not run here: no CANN): BiSheng from ASCEND_HOME_PATH with the
+    options of the CANN docs' jit_build.sh example, for the SoC's Vector cores."""
+    from ascendc_pack.npu import toolchain
+
+    bin_dir = tmp_path / "compiler" / "ccec_compiler" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "bisheng").write_text("")
+    env = {"ASCEND_HOME_PATH": str(tmp_path)}
+    cmd = toolchain.cann_command(tmp_path / "k.cpp", tmp_path / "k.so", "Ascend910B2", env)
+    assert cmd[0] == str(bin_dir / "bisheng") and cmd[-3:] == ["-o", str(tmp_path / "k.so"), str(tmp_path / "k.cpp")]
+    for opt in ("-xcce", "-std=c++17", "--cce-aicore-arch=dav-c220-vec", "--shared", "-lascendcl",
+                f"-I{tmp_path}/compiler/tikcpp/tikcfw/interface", f"-L{tmp_path}/lib64"):
+        assert opt in cmd
+    with pytest.raises(ConfigError, match="ASCEND_HOME_PATH is not set"):
+        toolchain.bisheng({})
 
 
 def _manifest(emulated: bool, soc: str = "Ascend910B2"):

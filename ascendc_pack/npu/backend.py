@@ -60,6 +60,9 @@ class _NpuCommon:
 
     def target(self, config: BuildConfig) -> NpuTarget:
         limit = self.core_limit()
+        if config.cores is not None and config.cores > self.soc.vector_cores:
+            raise ConfigError(f"--cores {config.cores} exceeds the {self.soc.vector_cores} vector cores of "
+                              f"{self.soc.name}; pass at most {self.soc.vector_cores}, or omit it to use every core")
         cores = limit if config.cores is None else min(config.cores, limit)
         return NpuTarget(self.soc, max(1, cores))
 
@@ -148,14 +151,13 @@ class NpuBackend(_NpuCommon):
 
     def artifact_hash(self, spec_text: str, template_version: str, config: BuildConfig) -> str:
         return stable_hash(ARTIFACT_VERSION, compiler.package_version(), spec_text, TEMPLATE_VERSION, "device",
-                           self.soc.name, self.target(config).cores, " ".join(toolchain.cann_command(
-                               Path("k.cpp"), Path("k.so"), self.soc.name, self.env)))
+                           self.soc.name, self.target(config).cores, toolchain.bisheng(self.env),
+                           " ".join(toolchain.cann_flags(self.soc.name, self.env)))
 
     def compile(self, builds: list[KernelBuild], config: BuildConfig,
                 progress: Callable[[int], None] | None = None) -> list[CompiledKernel]:
-        cmd = toolchain.cann_command(Path("SRC"), Path("OUT"), self.soc.name, self.env)
-        flags = [f for f in cmd[1:] if f not in ("SRC", "OUT", "-o")]
-        return compiler.compile_kernels(builds, config, progress, cxx=cmd[0], flags=flags)
+        return compiler.compile_kernels(builds, config, progress, cxx=toolchain.bisheng(self.env),
+                                        flags=toolchain.cann_flags(self.soc.name, self.env))
 
     def isa(self, config: BuildConfig) -> list[str]:
         return []  # device code: nothing of the host CPU

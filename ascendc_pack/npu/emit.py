@@ -86,7 +86,7 @@ def _representable(value: float, dtype: str) -> bool:
 class OpEmitter:
     """Writes the instructions of op nodes. ``operand(scope, id)`` resolves an argument."""
 
-    def __init__(self, spec: KernelSpec, operand, bool_dtypes: dict[int, bool] | None = None):
+    def __init__(self, spec: KernelSpec, operand):
         self.spec = spec
         self.nodes = spec.nodes
         self.operand = operand

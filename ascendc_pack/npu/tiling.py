@@ -33,7 +33,7 @@ from ..candidate import Candidate
 from ..fusion_ir import KernelSpec
 from ..tiling import MAX_CANDIDATES, Tiling
 from .codegen import KernelPlan, plan_kernel, ub_bytes
-from .layout import NpuLayout, analyze
+from .layout import NpuLayout, Unsupported, analyze
 
 TILES = (16384, 8192, 4096, 2048, 1024, 512, 256)
 VECTOR_APIS = ("Add(", "Sub(", "Mul(", "Div(", "Max(", "Min(", "Adds(", "Muls(", "Maxs(", "Mins(", "Exp(", "Ln(",
@@ -195,7 +195,6 @@ def propose(spec: KernelSpec, target: NpuTarget, topn: int) -> list[Tiling]:
             scored.append(Tiling(params, cand, estimate_us(lay, plan, params, target.soc)))
     if not scored:  # even the smallest tile does not fit: say why
         need = min(ub_bytes(_plan(spec, "row", False), 64, 1, 1), ub_bytes(_plan(spec, "row", True), 64, 1, 1))
-        from .layout import Unsupported
         raise Unsupported(f"the kernel needs {need} B of Unified Buffer even with a 64-element tile; "
                           f"{target.soc.name} has {target.soc.ub_usable} B usable")
     scored.sort(key=lambda t: (t.est_us, t.candidate.tiling_repr))

@@ -77,15 +77,21 @@ def bisheng(env=os.environ) -> str:
                       "toolkit (the compiler component) or build with --emulate")
 
 
-def cann_command(source: Path, output: Path, soc: str, env=os.environ) -> list[str]:
-    """The BiSheng command building one kernel library (kernel + ``<<<>>>`` host launcher)."""
+def cann_flags(soc: str, env=os.environ) -> list[str]:
+    """BiSheng's flags for one kernel library (kernel + ``<<<>>>`` host launcher); the libraries
+    come before the source in the compile stage's command, hence ``--no-as-needed``."""
     home = ascend_home(env)
     arch = CANN_ARCH.get(soc)
-    if arch is None:
-        raise ConfigError(f"no --cce-aicore-arch known for SoC {soc!r}; known: {', '.join(sorted(CANN_ARCH))}")
+    if home is None or arch is None:
+        raise ConfigError(f"no CANN build for SoC {soc!r}: ASCEND_HOME_PATH={env.get('ASCEND_HOME_PATH')!r}, "
+                          f"known SoCs {', '.join(sorted(CANN_ARCH))}")
     tik = home / "compiler" / "tikcpp"
-    return [bisheng(env), "-O2", "-fPIC", "-std=c++17", "-xcce", f"--cce-aicore-arch={arch}",
+    return ["-O2", "-fPIC", "-std=c++17", "-xcce", f"--cce-aicore-arch={arch}",
             f"-I{tik}", f"-I{tik / 'tikcfw'}", f"-I{tik / 'tikcfw' / 'impl'}", f"-I{tik / 'tikcfw' / 'interface'}",
             f"-I{home / 'include'}", f"-I{runtime_include_dir()}", "-Wno-macro-redefined", "-Wno-ignored-attributes",
-            f"-L{home / 'lib64'}", "-lascendcl", "-lruntime", "-lstdc++", str(source), "--shared",
-            "-o", str(output)]
+            f"-L{home / 'lib64'}", "-Wl,--no-as-needed", "-lascendcl", "-lruntime", "-lstdc++", "--shared"]
+
+
+def cann_command(source: Path, output: Path, soc: str, env=os.environ) -> list[str]:
+    """The whole BiSheng command building one kernel library (what the compile stage runs)."""
+    return [bisheng(env), *cann_flags(soc, env), "-o", str(output), str(source)]
