@@ -12,6 +12,7 @@ selected). Importing ``pkg.sub`` does not count as importing ``pkg/__init__.py``
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,39 @@ def test_no_module_over_the_size_limit():
                       f"docs/DESIGN.md §1.2): {over}")
     back = [f for f in OVER_LIMIT if sizes.get(f, 0) <= MAX_LINES]
     assert not back, f"{back} no longer exceed {MAX_LINES} lines: remove them from OVER_LIMIT"
+
+
+# ----------------------------------------------------------------------------- design citations
+
+DESIGN = ROOT / "docs" / "DESIGN.md"
+CITED_IN = ["README.md", "ascendc_pack", "runtime", "templates", "tests", "bench", "docs", "examples"]
+_HEADING = re.compile(r"^#{2,4} (\d+(?:\.\d+)*)\.? ", re.M)
+_SECTION = re.compile(r"§(\d+(?:\.\d+)*)")
+_STALE = re.compile(r"(?<!docs/)\bDESIGN(?:\.md)?\s*§?\s*\d")
+
+
+def _citing_files() -> list[Path]:
+    out = []
+    for name in CITED_IN:
+        p = ROOT / name
+        files = [p] if p.is_file() else sorted(p.rglob("*"))
+        out += [f for f in files if f.is_file() and f.suffix in {".py", ".h", ".hpp", ".j2", ".md", ".cpp", ".sh"}
+                and "__pycache__" not in f.parts and f != Path(__file__)]
+    return out
+
+
+def test_design_citations_name_sections_that_exist():
+    """Comments and docs cite the architecture as "docs/DESIGN.md §x.y"; every cited section must be
+    a heading of docs/DESIGN.md, and no citation of the old, out-of-tree "DESIGN x.y" remains."""
+    sections = set(_HEADING.findall(DESIGN.read_text()))
+    assert {"1", "2", "2.5", "3.3", "6.3", "8"} <= sections  # the parser reads the headings
+    bad = []
+    for f in _citing_files():
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            where = f"{f.relative_to(ROOT)}:{n}"
+            if _STALE.search(line):
+                bad.append(f"{where}: cites a DESIGN section without docs/DESIGN.md: {line.strip()}")
+            if "DESIGN.md" in line or f == DESIGN:
+                bad += [f"{where}: §{s} is not a section of docs/DESIGN.md" for s in _SECTION.findall(line)
+                        if s not in sections]
+    assert not bad, "\n".join(bad)
