@@ -169,7 +169,7 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
 def archive_writer(dest: Path, level: int = ZSTD_LEVEL):
     """Write an ``.ascpack`` container to ``dest``: yields ``add(name, size, fileobj)``, called
     in member order (``manifest.json`` first). One zstd frame with a content checksum (the
-    runtime detects any corruption of the stream, DESIGN 4.8), normalized tar headers."""
+    runtime detects any corruption of the stream, docs/DESIGN.md §4.2), normalized tar headers."""
     import zstandard
 
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
