@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .capture import Captured, capture
+from .capture_cache import capture_cached
 from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
 from .errors import PackError, VerificationError
 from .executor import run_model
@@ -113,8 +114,11 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     from .progress import Progress
 
     progress = progress or Progress(enabled=False)
-    with progress.stage("capture"):
-        captured = capture(module, _clone(example_inputs), name=name, output_names=output_names)
+    with progress.stage("capture") as st:
+        captured, hit = capture_cached(module, _clone(example_inputs), name=name, cache_dir=config.cache_dir,
+                                       output_names=output_names)
+        if hit:
+            st.note("reused from the capture cache")
     with progress.stage("fuse"):
         fused = fuse(captured.model)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
