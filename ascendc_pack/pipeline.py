@@ -183,6 +183,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     from .bundle import build_bundle
     from .config import BuildConfig
     from .progress import Progress
+    from .render import start_graph_runtime
     from .tune import PythonModeModule, inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
@@ -192,8 +193,13 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
     if out.is_dir():
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
+    interpreter = start_graph_runtime(config)  # model-independent: compiles while capture and kernels do
     captured, fused, kernels, _ = prepare(model, example_inputs, name=name, config=config, progress=progress,
                                           output_names=output_names)
+    if not interpreter.done():  # never compile while PGO times candidates
+        with progress.stage("graph_runtime", label="graph interpreter"):
+            interpreter.result()
+    interpreter.result()
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
     pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
                           backend=get_backend(config.backend))
