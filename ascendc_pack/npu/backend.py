@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ascendc_pack_runtime import manifest as contract
 from ascendc_pack_runtime.host import host_problems
 from ascendc_pack_runtime.kernels import KernelLibrary
 
@@ -83,14 +84,14 @@ class _NpuCommon:
                         soc=self.soc.name, emulate=self.emulated, isa=isa)
         return source if self.emulated else source + _device_host(spec, tiling, self.soc.name)
 
-    def manifest_target(self, config: BuildConfig) -> dict:
+    def manifest_target(self, config: BuildConfig) -> contract.Target:
+        """graph.so's CPU target (and, emulated, the kernels'), plus the SoC and ``emulated``."""
         identity = compiler.compiler_identity()
-        return {"arch": platform.machine(), "march": config.march, "isa": compiler.isa_features(config.march),
-                "compiler": identity.split(" ", 1)[1] if " " in identity else identity,
-                "soc": self.soc.name, "emulated": self.emulated, "vector_cores": self.soc.vector_cores,
-                "core_limit": self.target(config).cores}
+        return contract.Target(platform.machine(), config.march, tuple(compiler.isa_features(config.march)),
+                               identity.split(" ", 1)[1] if " " in identity else identity, self.soc.name,
+                               self.emulated)
 
-    def host_problems(self, manifest) -> list[Exception]:
+    def host_problems(self, manifest: contract.Manifest) -> list[Exception]:
         """The runtime's host check of a (typed) manifest: the common CPU checks and the npu ones."""
         return list(host_problems(manifest))
 
