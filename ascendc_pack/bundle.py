@@ -48,6 +48,7 @@ from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph, weight_layout
+from .tactic_report import manifest_tactics, tuning_tactics
 
 ZSTD_LEVEL = 6
 TUNING_FORMAT = "ascpack-tuning"
@@ -139,7 +140,7 @@ def _candidates(choice: KernelChoice) -> tuple[contract.Candidate, ...]:
 
 
 def _tuning_json(model: ModelProgram, choices: dict[str, KernelChoice], names: list[str],
-                 config: BuildConfig) -> str:
+                 config: BuildConfig, tactics: dict | None = None) -> str:
     kernels = []
     for name in names:
         ch = choices[name]
@@ -151,6 +152,8 @@ def _tuning_json(model: ModelProgram, choices: dict[str, KernelChoice], names: l
         })
     doc = {"format": TUNING_FORMAT, "version": 1, "model": model.name, "topn": config.topn,
            "kernels": kernels}
+    if tactics:
+        doc["tactics"] = tuning_tactics(tactics, lambda text: _sanitize(text, config))
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -191,11 +194,13 @@ def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Pat
 
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
                  output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
-                 zstd_level: int = ZSTD_LEVEL) -> BundleReport:
+                 zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None) -> BundleReport:
     """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
 
     ``model`` is the fused program, ``weights`` its weight tensors by program input name,
-    ``choices`` the tuned winner of every fused kernel (by kernel name).
+    ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
+    of every tactic step (:class:`~ascendc_pack.tactic_tune.TacticChoice` by step name; their
+    choices are already applied to ``model``).
     Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
     """
     t0 = time.perf_counter()
@@ -247,12 +252,13 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         graph_src = render_graph(model, refs, layouts)
         graph = compile_graph(graph_src, config, cxx)
         tuning_path = staging / TUNING_FILE
-        tuning_path.write_text(_tuning_json(model, choices, names, config))
+        tuning_path.write_text(_tuning_json(model, choices, names, config, tactics))
 
         files = [(GRAPH_LIBRARY, graph.path), (GRAPH_SOURCE, graph.source_path), *kernel_files,
                  (WEIGHTS_FILE, weights_path), (TUNING_FILE, tuning_path)]
         members = {name: contract.Member(path.stat().st_size, _sha256(path)) for name, path in files}
-        manifest = _manifest(model, config, cxx, isa, graph_src, weight_entries, kernel_entries, members)
+        manifest = _manifest(model, config, cxx, isa, graph_src, weight_entries, kernel_entries, members,
+                             manifest_tactics(tactics) if tactics else None)
         manifest_bytes = manifest.dumps()
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
@@ -266,7 +272,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
 
 def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str], graph_src: GraphSource,
               weights: list[contract.WeightSpec], kernels: list[contract.Kernel],
-              members: dict[str, contract.Member]) -> contract.Manifest:
+              members: dict[str, contract.Member], tactics=None) -> contract.Manifest:
     """The bundle's manifest (validated: the writer is held to the contract the reader checks)."""
     p = model.program
     mutated_values = {v: k for k, v in model.mutations.items()}
@@ -296,10 +302,12 @@ def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str]
         out_spec=plain_treespec(model.out_tree),
         weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
         graph=contract.Graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src.namespace, GRAPH_ABI_VERSION,
-                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats),
+                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
+                             dict(graph_src.aten_ops)),
         kernels=tuple(kernels),
         members=members,
         out_tree=model.out_tree,
+        tactics=tactics,
     ).validate()
 
 

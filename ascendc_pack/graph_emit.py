@@ -19,7 +19,7 @@ from ascendc_pack_runtime.constants import (
 )
 from ascendc_pack_runtime.tensor_meta import SCALAR_TYPES
 
-from .graph_aten import INT64_MIN, Const, ConstKind
+from .graph_aten import INT64_MIN, Const, ConstKind, RenderError
 from .graph_memory import align
 from .graph_plan import (
     Arg,
@@ -48,6 +48,7 @@ class GraphSource:
     namespace: str
     signature: str            # JSON baked into graph.so (kernels, io counts), checked at load
     stats: dict               # memory plan and step counts
+    aten_ops: dict = field(default_factory=dict)   # plain ATen calls per model call, by operator
 
 
 def render_source(plan: GraphPlan) -> GraphSource:
@@ -88,7 +89,7 @@ def render_source(plan: GraphPlan) -> GraphSource:
     }
     text = template_env().get_template(GRAPH_TEMPLATE).render(**ctx)
     namespace = "ascpack_" + hashlib.sha256(text.encode()).hexdigest()[:20]
-    return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats)
+    return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats, dict(plan.aten_ops or {}))
 
 
 # ----------------------------------------------------------------------------- C text
@@ -168,7 +169,7 @@ class _Emitter:
         for b in plan.bufs:  # arena buffers are static tensors; fresh ones are per-call locals
             self.buf_ref[b.id] = self._static() if plan.memory.in_arena(b.id) else self._local()
         for v in plan.vals:
-            if v.kind in (ValKind.VIEW, ValKind.COND, ValKind.OPAQUE):
+            if v.kind in (ValKind.VIEW, ValKind.COND, ValKind.OPAQUE, ValKind.DERIVED):
                 self.val_ref[v.id] = self._static() if self.is_static(v) else self._local()
         for b in plan.bufs:
             if plan.memory.in_arena(b.id):
@@ -190,7 +191,7 @@ class _Emitter:
         memo = self.static_memo.get(v.id)
         if memo is not None:
             return memo
-        if v.kind is ValKind.WEIGHT:
+        if v.kind in (ValKind.WEIGHT, ValKind.DERIVED):
             r = True
         elif v.kind is ValKind.BUF:
             r = self.plan.memory.in_arena(v.buf.id)
@@ -214,7 +215,8 @@ class _Emitter:
     def const(self, c: Const) -> str:
         k, v, t = c.kind, c.value, self.tables
         simple = {ConstKind.NONE: "AP_A_NONE", ConstKind.LAYOUT_STRIDED: "AP_A_LAYOUT_STRIDED",
-                  ConstKind.DEVICE_CPU: "AP_A_DEVICE_CPU"}
+                  ConstKind.DEVICE_CPU: "AP_A_DEVICE_CPU",
+                  ConstKind.EMPTY_SCALARS: "AP_A_LIST(AP_ARG_OPTIONAL_SCALARS, 0, nullptr)"}
         if k in simple:
             return simple[k]
         if k is ConstKind.INT:
@@ -327,6 +329,10 @@ class _Emitter:
     def emit_aten(self, act: AtenAction, out: list) -> None:
         static_call = act.mode is CallMode.VIEW and all(self.arg_static(a) for a in act.args) and \
             all(o is None or self.is_static(o) for o in act.outs)
+        if act.mode is CallMode.LOAD:  # a tactic's derived weight: made once, from tensors that never change
+            if not all(self.arg_static(a) for a in act.args):
+                raise RenderError(f"{act.label}: a derived weight reads a value that changes per call")
+            static_call = True
         # tensors that never change go into the argument template once, at load
         for i, a in enumerate(act.args):
             if a.const is None and self.arg_static(a):

@@ -4,7 +4,8 @@ The plan says what the C++ graph does, as frozen values: every tensor value with
 C++ code will actually see (:class:`Val`), every buffer the graph writes (:class:`Buf`), the
 boxed ATen operators and their argument templates (:class:`BoxedOp`), the actions in order
 (:class:`AtenAction`, :class:`FusedAction`, :class:`RelayoutAction`, :class:`CheckAction`,
-:class:`CondAction`) and the memory plan (:mod:`ascendc_pack.graph_memory`). The emitter
+:class:`CondAction`; a lowered tactic step becomes boxed calls, :mod:`ascendc_pack.graph_tactic`:
+its load-stage derivations in mode ``LOAD``, run once at load) and the memory plan (:mod:`ascendc_pack.graph_memory`). The emitter
 (:mod:`ascendc_pack.graph_emit`) only renders it.
 
 How ATen steps are run: a step whose op has a native ``out=`` overload (a CPU kernel, not an
@@ -26,7 +27,8 @@ from ascendc_pack_runtime.tensor_meta import contiguous_strides, itemsize, signi
 from . import graph_aten as ga
 from .graph_aten import Const, RenderError
 from .graph_memory import MemoryPlan, lifetimes, place
-from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref
+from .graph_tactic import tactic_plan
+from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class ValKind(enum.Enum):
     VIEW = "view"       # a view of other values
     COND = "cond"       # the result of a torch.cond (either branch's value)
     OPAQUE = "opaque"   # returned by an allocating or in-place ATen call
+    DERIVED = "derived"  # a tactic's derived weight, computed once at load (e.g. a packed weight)
 
 
 class BufRole(enum.Enum):
@@ -67,6 +70,7 @@ class CallMode(enum.Enum):
     VIEW = "view"             # the result aliases an argument
     OUT = "out"               # the out= overload writes into planned buffers
     FUNCTIONAL = "functional"  # the op allocates its result (or writes in place)
+    LOAD = "load"             # run once at load on tensors that never change (a tactic's prepack)
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,8 +210,10 @@ class GraphPlan:
     kernels: tuple             # KernelRef per kernel index
     outputs: tuple             # UserOutput per model output
     mutations: tuple           # Mutation per mutated input
-    counts: dict               # steps by kind (aten_out, aten_functional, aten_view, fused, relayout, cond)
+    counts: dict               # steps by kind (aten_out, aten_functional, aten_view, fused, relayout, cond,
+                               # tactic, tactic_load)
     memory: MemoryPlan
+    aten_ops: dict = None      # the program's own ATen steps by operator (tactic calls not counted)
 
 
 def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
@@ -242,7 +248,8 @@ class _Planner:
         self.out_overload = ga.OutOverloads()
         self.t = 0
         self.counts = {"aten_out": 0, "aten_functional": 0, "aten_view": 0, "fused": 0,
-                       "relayout": 0, "cond": 0}
+                       "relayout": 0, "cond": 0, "tactic": 0, "tactic_load": 0}
+        self.aten_ops: dict[str, int] = {}
 
     # values and buffers -----------------------------------------------------------------------
     def new_val(self, label, shape, stride, dtype, kind: ValKind, **kw) -> Val:
@@ -302,7 +309,8 @@ class _Planner:
         memory = place([b.nbytes for b in self.bufs], lives, fresh)
         return GraphPlan(mp.name, tuple(weights), tuple(inputs), tuple(self.vals), tuple(self.bufs),
                          tuple(self.ops), tuple(actions), tuple(self.kernels[n] for n in self.kernel_order),
-                         tuple(outputs), mutations, dict(self.counts), memory)
+                         tuple(outputs), mutations, dict(self.counts), memory,
+                         dict(sorted(self.aten_ops.items(), key=lambda kv: (-kv[1], kv[0]))))
 
     # walking ------------------------------------------------------------------------------
     def walk(self, program: Program, env: dict, scope: str) -> list:
@@ -310,7 +318,10 @@ class _Planner:
         for step in program.steps:
             self.tick()
             if isinstance(step, AtenStep):
+                self.aten_ops[step.op] = self.aten_ops.get(step.op, 0) + 1
                 actions.append(self.aten(step, env, program, scope))
+            elif isinstance(step, TacticStep):
+                actions.extend(self.tactic(step, env, program, scope))
             elif isinstance(step, FusedStep):
                 actions.extend(self.fused(step, env, scope))
             elif isinstance(step, CondStep):
@@ -397,6 +408,38 @@ class _Planner:
         actions.append(FusedAction(f"{scope}{', '.join(step.outputs)} = {step.name}",
                                    self.kernel_order.index(step.name), tuple(ins), tuple(outs), ws))
         return actions
+
+    # tactic steps -------------------------------------------------------------------------
+    def tactic(self, step: TacticStep, env: dict, program: Program, scope: str) -> list:
+        """A lowered tactic step: its derivations at load, then its calls (boxed, like ATen
+        steps; their results take the layouts the tactic really returns, e.g. channels_last)."""
+        if step.chosen is None:  # not lowered: the ATen steps it stands for
+            return [self.aten(s, env, program, scope) for s in step.steps]
+        self.counts["tactic"] += 1
+        tp = tactic_plan(step, program.values)
+        view = _Values({**program.values, **tp.values})
+        actions = [self.aten_load(s, env, view, scope) for s in tp.load]
+        return actions + [self.aten(s, env, view, scope) for s in tp.calls]
+
+    def aten_load(self, step: AtenStep, env: dict, program, scope: str) -> AtenAction:
+        """A call run once at load whose result never changes (a tactic's derived weight)."""
+        schema = ga.op_schema(step.op)
+        bound = ga.bind(schema, step)
+        self.counts["tactic_load"] += 1
+        outs = []
+        for name in step.outputs:
+            spec = program.values.get(name) if name is not None else None
+            if spec is None:
+                outs.append(None)
+                continue
+            v = self.new_val(f"{scope}{name} (at load)", spec.shape, spec.stride or contiguous_strides(spec.shape),
+                             spec.dtype, ValKind.DERIVED)
+            env[name] = v
+            outs.append(v)
+        args = self.args(schema, bound, env)
+        label = f"{scope}{', '.join(o or '_' for o in step.outputs)} = {step.op} (at load)"
+        return AtenAction(label, self.op(schema, args), args, CallMode.LOAD, tuple(outs),
+                          list_return=ga.returns_list(schema))
 
     # ATen steps ---------------------------------------------------------------------------
     def aten(self, step: AtenStep, env: dict, program: Program, scope: str) -> AtenAction:
@@ -485,6 +528,13 @@ class _Planner:
     def op(self, schema, args) -> int:
         self.ops.append(BoxedOp(schema.name, schema.overload_name, args))
         return len(self.ops) - 1
+
+
+@dataclass(frozen=True)
+class _Values:
+    """Specs by value name: the program's, plus those of a tactic step's own tensors."""
+
+    values: dict
 
 
 __all__ = ["plan_graph", "GraphPlan", "KernelRef", "Val", "Buf", "ValKind", "BufRole", "CallMode", "Arg",

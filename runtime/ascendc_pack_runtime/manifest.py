@@ -201,8 +201,10 @@ class Weights:
 
 @dataclass(frozen=True)
 class Graph:
-    """graph.so: its member, source member, operator namespace, graph ABI, g++ flags, and the
-    memory plan report (``memory``: informational JSON, not read by the runtime)."""
+    """graph.so: its member, source member, operator namespace, graph ABI, g++ flags, the
+    memory plan report (``memory``: informational JSON, not read by the runtime) and, optionally,
+    ``aten_ops``: how many times each ATen operator runs as a plain call per model call (the
+    steps neither fused nor a tactic; operator name -> count)."""
 
     library: str
     source: str
@@ -210,18 +212,26 @@ class Graph:
     abi: int
     flags: tuple[str, ...]
     memory: Mapping[str, Any] = field(default_factory=dict)
+    aten_ops: Mapping[str, int] | None = None
 
     @staticmethod
     def from_json(d: object, where: str = "graph") -> Graph:
         f = Fields(d, where)
+        ops = f.get("aten_ops", lambda v: isinstance(v, dict) and all(
+            isinstance(k, str) and is_int(n) and 0 <= n < MAX_COUNT for k, n in v.items()),
+            "an object of operator name -> count", optional=True)
         return Graph(f.str("library"), f.str("source"),
                      f.str("namespace", pattern=_NAMESPACE_RE, what="'ascpack_' followed by 8-64 hex digits"),
                      f.int("abi", 0, MAX_COUNT), f.strs("flags"),
-                     f.get("memory", lambda v: isinstance(v, dict), "a JSON object"))
+                     f.get("memory", lambda v: isinstance(v, dict), "a JSON object"),
+                     MappingProxyType(dict(ops)) if ops is not None else None)
 
     def to_json(self) -> dict:
-        return {"library": self.library, "source": self.source, "namespace": self.namespace, "abi": self.abi,
-                "flags": list(self.flags), "memory": self.memory}
+        d = {"library": self.library, "source": self.source, "namespace": self.namespace, "abi": self.abi,
+             "flags": list(self.flags), "memory": self.memory}
+        if self.aten_ops is not None:
+            d["aten_ops"] = dict(self.aten_ops)
+        return d
 
 
 def kernel_key_of(tiling_repr: str, workspace: int, block_dim: int) -> str:
@@ -315,6 +325,75 @@ def _uses(f: Fields, where: str) -> tuple | None:
 
 
 @dataclass(frozen=True)
+class TacticCandidate:
+    """One candidate of a tactic step: its ``key`` (md5 of the tactic's JSON), its name
+    (``aten``, ``onednn``, ``flash``...), its PGO median (None: not timed), whether it failed and
+    whether verification disqualified it."""
+
+    index: int
+    key: str
+    name: str
+    median_us: float | None
+    failed: bool
+    disqualified: bool
+
+    @staticmethod
+    def from_json(d: object, where: str) -> TacticCandidate:
+        f = Fields(d, where)
+        return TacticCandidate(f.int("index"), f.str("key", pattern=_MD5_RE, what="32 lowercase hex digits"),
+                               f.str("name", nonempty=True), f.number("median_us"), f.bool("failed"),
+                               f.bool("disqualified"))
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "key": self.key, "name": self.name, "median_us": self.median_us,
+                "failed": self.failed, "disqualified": self.disqualified}
+
+
+@dataclass(frozen=True)
+class TacticStep:
+    """A heavy step (GEMM, convolution, attention) with tactic candidates: its name (steps with
+    the same name share one measurement), ``kind``, the chosen candidate (index and key; the
+    first use's when uses differ), whether PGO reached it, every candidate, and ``uses``: per
+    step of the graph, the values it reads and writes, its own chosen index and its convolution
+    chain (0: none)."""
+
+    name: str
+    kind: str
+    chosen_index: int
+    chosen_key: str
+    visited: bool
+    candidates: tuple[TacticCandidate, ...]
+    uses: tuple = ()
+
+    @staticmethod
+    def from_json(d: object, where: str) -> TacticStep:
+        f = Fields(d, where)
+        name, kind = f.str("name", nonempty=True), f.str("kind", nonempty=True)
+        chosen, key, visited = f.int("chosen_index"), f.str("chosen_key", pattern=_MD5_RE,
+                                                            what="32 lowercase hex digits"), f.bool("visited")
+        candidates = tuple(TacticCandidate.from_json(v, w) for v, w in f.list("candidates"))
+        for i, c in enumerate(candidates):
+            if c.index != i:
+                raise field_error(f"{where}.candidates[{i}].index", f"is {c.index}, not its position {i}")
+        if chosen >= len(candidates) or candidates[chosen].key != key:
+            raise field_error(f"{where}.chosen_index", f"is {chosen}, not the index of the candidate with key {key}")
+        uses = []
+        for u, w in f.list("uses"):
+            g = Fields(u, w)
+            index = g.int("chosen_index")
+            if index >= len(candidates):
+                raise field_error(f"{w}.chosen_index", f"is {index}; the step has {len(candidates)} candidates")
+            uses.append(MappingProxyType({"inputs": list(g.strs("inputs")), "outputs": list(g.strs("outputs")),
+                                          "chosen_index": index, "chain": g.int("chain")}))
+        return TacticStep(name, kind, chosen, key, visited, candidates, tuple(uses))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "chosen_index": self.chosen_index,
+                "chosen_key": self.chosen_key, "visited": self.visited,
+                "candidates": [c.to_json() for c in self.candidates], "uses": [dict(u) for u in self.uses]}
+
+
+@dataclass(frozen=True)
 class Member:
     """A member's size and sha256 (hex)."""
 
@@ -398,6 +477,7 @@ class Manifest:
     members: Mapping[str, Member]
     format: str = FORMAT_NAME
     out_tree: Mapping | None = None   # the output structure (ascendc_pack_runtime.outputs); optional
+    tactics: tuple[TacticStep, ...] | None = None   # the tactic steps (optional: absent before tactics)
 
     def __post_init__(self):
         # a read-only view: the manifest is frozen all the way down (members are looked up by name)
@@ -432,6 +512,7 @@ class Manifest:
             kernels=tuple(Kernel.from_json(v, w) for v, w in f.list("kernels")),
             members=members,
             out_tree=_out_tree(d.get("out_tree")),
+            tactics=tuple(TacticStep.from_json(v, w) for v, w in f.list("tactics")) if "tactics" in d else None,
         )
         m.validate()
         return m
@@ -516,6 +597,7 @@ class Manifest:
             **({"out_tree": self.out_tree} if self.out_tree is not None else {}),
             "weights": self.weights.to_json(), "graph": self.graph.to_json(),
             "kernels": [k.to_json() for k in self.kernels],
+            **({"tactics": [t.to_json() for t in self.tactics]} if self.tactics is not None else {}),
             "members": {name: info.to_json() for name, info in self.members.items()},
         }
 
@@ -534,5 +616,5 @@ class Manifest:
 
 
 __all__ = ["Manifest", "Producer", "Target", "TorchBuild", "IOSpec", "Mutation", "WeightSpec", "Weights",
-           "Graph", "Candidate", "Kernel", "Member", "loads", "parse", "field_error", "check_member_name",
+           "Graph", "Candidate", "Kernel", "TacticCandidate", "TacticStep", "Member", "loads", "parse", "field_error", "check_member_name",
            "path_conflicts", "kernel_key_of"]

@@ -34,7 +34,8 @@ def _spec(s: IOSpec) -> str:
 
 def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
     """A readable summary of a manifest: model, target, io, weights, kernels with every
-    candidate's median time, the chosen one and whether PGO visited it."""
+    candidate's median time, the chosen one and whether PGO visited it, the tactic steps likewise,
+    and the ATen operators that stayed plain calls (with counts)."""
     lines = [f"bundle   {path}" if path is not None else "bundle",
              f"model    {m.model_name}  (format {m.format} v{m.format_version}, built by {m.producer.name} "
              f"{m.producer.version})"]
@@ -69,10 +70,42 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
             mark = "*" if c.index == k.chosen_index else " "
             timing = "failed" if c.failed else ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
             lines.append(f"    {mark} #{c.index} {timing:>12}  block_dim {c.block_dim}  {c.tiling_repr}")
+    lines += _tactic_lines(m)
     lines.append(f"members  {len(m.members)} files, {_fmt_bytes(m.declared_bytes)} uncompressed")
     for name, info in m.members.items():
         lines.append(f"  {name}  {_fmt_bytes(info.size)}  sha256 {info.sha256[:16]}...")
     return "\n".join(lines)
+
+
+def _tactic_lines(m: Manifest) -> list[str]:
+    """The tactic steps (every candidate's median, the chosen one per use) and the ATen
+    operators that run as plain calls, with counts."""
+    lines = []
+    if m.tactics is not None:
+        chosen = {}
+        for t in m.tactics:
+            for u in t.uses or ({"chosen_index": t.chosen_index},):
+                name = t.candidates[u["chosen_index"]].name
+                chosen[(t.kind, name)] = chosen.get((t.kind, name), 0) + 1
+        total = sum(len(t.uses) or 1 for t in m.tactics)
+        summary = ", ".join(f"{kind} {name} x{n}" for (kind, name), n in sorted(chosen.items()))
+        lines.append(f"tactics  {total} heavy steps ({len(m.tactics)} distinct): {summary or '-'}")
+        for t in m.tactics:
+            picks = sorted({u["chosen_index"] for u in t.uses}) or [t.chosen_index]
+            tag = "visited" if t.visited else "not visited (candidate 0 kept)"
+            uses = f" x{len(t.uses)}" if len(t.uses) > 1 else ""
+            lines.append(f"  {t.name}{uses}  {t.kind}, chosen "
+                         + ", ".join(f"#{i} {t.candidates[i].name}" for i in picks) + f"  [{tag}]")
+            for c in t.candidates:
+                mark = "*" if c.index in picks else " "
+                timing = ("disqualified" if c.disqualified else "failed") if c.failed else \
+                    ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
+                lines.append(f"    {mark} #{c.index} {timing:>12}  {c.name}  key {c.key}")
+    ops = m.graph.aten_ops
+    if ops is not None:
+        listed = ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in ops.items())
+        lines.append(f"aten ops {sum(ops.values())} plain ATen calls per model call: {listed or 'none'}")
+    return lines
 
 
 def inspect_bundle(path: Path | str, as_json: bool = False) -> tuple[str, int]:

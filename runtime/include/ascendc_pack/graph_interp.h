@@ -286,6 +286,9 @@ c10::IValue constant(const ap_arg& a) {
     case AP_ARG_WRAPPED_INT: return c10::IValue(wrapped_scalar<int64_t>(a.i, c10::ScalarType::Long));
     case AP_ARG_WRAPPED_DOUBLE: return c10::IValue(wrapped_scalar<double>(a.d, c10::ScalarType::Double));
     case AP_ARG_WRAPPED_BOOL: return c10::IValue(wrapped_scalar<bool>(a.i != 0, c10::ScalarType::Bool));
+    case AP_ARG_OPTIONAL_SCALARS:
+      if (a.n != 0) fail("internal error: only an empty Scalar?[] constant is supported");
+      return c10::IValue(c10::List<std::optional<c10::Scalar>>());
     case AP_ARG_TENSOR: case AP_ARG_TENSORS: case AP_ARG_OPTIONAL_TENSORS:
       return c10::IValue();  // filled in at load or per call
   }
