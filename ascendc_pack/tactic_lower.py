@@ -79,6 +79,8 @@ class _Lowerer:
         for s in p.steps:
             if isinstance(s, TacticStep):
                 index = self.decisions.get(id(s), 0)
+                if index and self.choices[s.name].results[index].values is None:
+                    index = 0  # never run on real inputs: its layouts are unknown, keep it as captured
                 if index == 0:
                     self.inlined += 1
                     steps.extend(s.steps)

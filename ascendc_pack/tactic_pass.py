@@ -215,7 +215,7 @@ class _State:
                 if scope:
                     needs.append(w)
         self.found += 1
-        return TacticStep(name="", tactic_kind=m.kind, desc=step.to_json(), bind=bind,
+        return TacticStep(name="", tactic_kind=m.kind, desc=json.loads(json.dumps(step.to_json())), bind=bind,
                           shapes={k: tuple(v) for k, v in step.shapes().items()}, outputs=[m.output],
                           steps=[p.steps[i] for i in m.steps])
 

@@ -25,7 +25,7 @@ def tactic_table(choices: dict) -> str:
         speed = f"{c0 / best:.2f}x" if best and c0 else "-"
         uses = f" x{len(ch.uses)}" if len(ch.uses) > 1 else ""
         lines.append(f"{(name + uses)[:44]:<44} {len(ch.candidates):>5} {label[:14]:>14} {_fmt(best)} {_fmt(c0)} "
-                     f"{speed:>8} {'yes' if ch.visited or ch.from_cache else 'no'}")
+                     f"{speed:>8} {'yes' if ch.visited else 'no'}")
     return "\n".join(lines)
 
 
@@ -39,7 +39,7 @@ def manifest_tactics(choices: dict) -> tuple[contract.TacticStep, ...]:
         chosen = ch.chosen_index
         uses = tuple({"inputs": list(u["inputs"]), "outputs": list(u["outputs"]), "chosen_index": u["chosen_index"],
                       "chain": u["chain"]} for u in ch.uses)
-        out.append(contract.TacticStep(name, ch.kind, chosen, ch.candidates[chosen].key, bool(ch.visited or ch.from_cache),
+        out.append(contract.TacticStep(name, ch.kind, chosen, ch.candidates[chosen].key, bool(ch.visited),
                                        cands, uses))
     return tuple(out)
 

@@ -23,7 +23,8 @@ protocol of fused kernels (DESIGN 4.4):
 Steps sharing a name share one measurement. :meth:`TacticTuner.decisions` then picks, per step:
 the fastest candidate for GEMMs and attention; for a convolution chain, the configuration
 (as captured vs channels_last, :mod:`ascendc_pack.tactic_pass`) with the smaller sum of
-medians over the chain. A step no run reached, or a chain with such a step, keeps candidate 0.
+medians over the chain. A step no run reached (an unvisited ``torch.cond`` branch), or a chain
+with such a step, keeps candidate 0 even when a step of the same name elsewhere was measured.
 """
 
 from __future__ import annotations
@@ -350,18 +351,23 @@ class TacticTuner:
             if s.tactic_kind == "conv" and s.chain:
                 chains.setdefault(s.chain, []).append(s)
             else:
-                out[id(s)] = ch.best if _measured(ch) else 0
+                out[id(s)] = ch.best if _measured(ch) and id(s) in self.reached else 0
         for chain in chains.values():
-            picks = _chain_decision([self.choices[s.name] for s in chain])
+            if not all(id(s) in self.reached for s in chain):  # a step no run reached: as captured
+                picks = [0] * len(chain)
+            else:
+                picks = _chain_decision([self.choices[s.name] for s in chain])
             for s, i in zip(chain, picks):
                 out[id(s)] = i
+        for s in self.instances:  # a candidate never run here has no recorded layouts: as captured
+            if self.choices[s.name].results[out[id(s)]].values is None:
+                out[id(s)] = 0
         for ch in self.choices.values():
             ch.uses = []
         for s in self.instances:
             ch = self.choices[s.name]
             ch.uses.append({"inputs": list(dict.fromkeys(s.bind.values())), "outputs": list(s.outputs),
-                            "chosen_index": out[id(s)], "chain": s.chain,
-                            "visited": id(s) in self.reached or ch.from_cache})
+                            "chosen_index": out[id(s)], "chain": s.chain, "visited": id(s) in self.reached})
         return out
 
 
