@@ -1,4 +1,4 @@
-"""The whole pipeline in order, one call per stage (DESIGN 2).
+"""The whole pipeline in order, one call per stage (docs/DESIGN.md §2).
 
 load model.py -> capture -> fold constants -> tactic pass -> tune tactics (PGO of the heavy
 steps) -> lower the chosen tactics -> fuse -> tile/render/compile -> tune kernels (PGO) ->
@@ -218,7 +218,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
           march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
           protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
           output_names: list[str] | None = None, tactics: bool = True) -> BuildResult:
-    """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, DESIGN 2).
+    """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, docs/DESIGN.md §2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
     kernels no run reached keep candidate 0 and are reported unvisited. Each candidate is
