@@ -76,15 +76,14 @@ def _gqa_source(mt, name: str) -> tuple[str, int, list] | None:
 
 
 def match_attention(mt, i: int):
-    """The attention whose softmax starts at ``amax`` step ``i``, as a Match, or None."""
-    from .tactic_match import TACTIC_DTYPES, Match
-
+    """The attention whose softmax starts at ``amax`` step ``i`` of matcher ``mt``
+    (:class:`ascendc_pack.tactic_match.Matcher`): ``(fields, steps, bind, output)`` or None."""
     amax = mt.g.steps[i]
     if list(amax.args[1:]) != [[-1], True] or amax.kwargs:
         return None
     s = amax.args[0].name
     ss = mt.spec(s)
-    if ss is None or len(ss.shape) != 4 or ss.dtype not in TACTIC_DTYPES:
+    if ss is None or len(ss.shape) != 4 or ss.dtype not in mt.dtypes:
         return None
     steps = [i]
     # the softmax
@@ -178,7 +177,7 @@ def match_attention(mt, i: int):
               "mask_shape": tuple(mt.spec(mask).shape) if mask is not None else None,
               "causal": False, "safe_softmax": safe, "dtype": ss.dtype}
     bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {})}
-    return Match("attention", fields, steps, bind, {}, out)
+    return fields, steps, bind, out
 
 
 def _safe_guard(mt, s: str, p: str, steps: list) -> bool:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .fuse import Graph
 from .program import AtenStep, Program, Ref
+from .tactic_attention import match_attention
 
 MM_OPS = ("aten.addmm.default", "aten.mm.default", "aten.bmm.default")
 RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
@@ -80,6 +81,8 @@ class Match:
 
 class Matcher:
     """Matches heavy steps in one Program; ``constant(name)`` says whether a value never changes."""
+
+    dtypes = TACTIC_DTYPES
 
     def __init__(self, program: Program, constant):
         self.p = program
@@ -336,9 +339,8 @@ class Matcher:
 
     def attention(self, i: int) -> Match | None:
         """Attention whose softmax starts with ``amax`` step ``i`` (see the module docstring)."""
-        from .tactic_attention import match_attention
-
-        return match_attention(self, i)
+        found = match_attention(self, i)
+        return Match("attention", *found[:3], {}, found[3]) if found else None
 
     # the whole program --------------------------------------------------------------------------
     def run(self) -> list[Match]:

@@ -3,7 +3,7 @@
 :class:`TacticTuner` runs the model (its TacticSteps, before fusion) through the reference
 executor on the real inputs. A tactic step with more than one candidate
 (:func:`ascendc_pack.tactic_pass.candidates_for`) tunes itself on its first call, with the
-protocol of fused kernels (DESIGN 4.4):
+protocol of fused kernels (docs/DESIGN.md §2.5):
 
 * **verify**: every candidate runs once on the call's arguments (weights derived by its own
   build- and load-stage calls) and its output is compared with the reference (the ATen steps the
