@@ -48,7 +48,7 @@ from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph, weight_layout
-from .tactic_report import manifest_tactics, tuning_tactics
+from .tactic_report import gemm_libraries, manifest_tactics, tuning_tactics
 
 ZSTD_LEVEL = 6
 TUNING_FORMAT = "ascpack-tuning"
@@ -217,13 +217,16 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                "candidate 0 of) every fused kernel of the program")
     names = sorted(steps)
     uses = kernel_uses(model.program)  # identical kernels share one entry and one library
+    libs = [(name, choices[name].candidate, choices[name].so_path, len(steps[name].kernel.inputs),
+             len(steps[name].kernel.outputs), bool(choices[name].visited), choices[name].chosen_index,
+             _candidates(choices[name]), tuple(uses[name])) for name in names]
+    libs += [(name, g["candidate"], g["so_path"], g["n_inputs"], 1, bool(g["visited"]), g["chosen_index"],
+              g["candidates"], tuple(g["uses"])) for name, g in gemm_libraries(model.program, tactics or {}).items()]
     refs: dict[str, KernelRef] = {}
     kernel_files: list[tuple[str, Path]] = []
     kernel_entries = []
-    for name in names:
-        ch, step = choices[name], steps[name]
-        cand = ch.candidate
-        so = Path(ch.so_path)
+    for name, cand, so, n_in, n_out, visited, chosen, cands, kernel_use in libs:
+        so = Path(so)
         if not so.is_file():
             raise BundleWriteError(f"kernel {name}: the chosen library {so} does not exist; rebuild (the "
                                    "kernel cache was cleared after tuning)")
@@ -236,12 +239,10 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                    f"block_dim {info['block_dim']}, the choice says {cand.workspace} / "
                                    f"{cand.block_dim}; rebuild")
         member = kernel_member(name, cand.kernel_key)
-        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel.inputs),
-                               len(step.kernel.outputs))
+        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, n_in, n_out)
         kernel_files.append((member, so))
         kernel_entries.append(contract.Kernel(name, cand.kernel_key, cand.tiling_repr, cand.workspace,
-                                              cand.block_dim, member, bool(ch.visited), ch.chosen_index,
-                                              _candidates(ch), tuple(uses[name])))
+                                              cand.block_dim, member, visited, chosen, cands, kernel_use))
 
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:

@@ -21,7 +21,7 @@ from ascendc_pack_runtime.tensor_meta import SCALAR_TYPES
 
 from .graph_aten import INT64_MIN, Const, ConstKind, RenderError
 from .graph_memory import align
-from .graph_plan import (
+from .graph_ir import (
     Arg,
     AtenAction,
     Buf,
@@ -30,6 +30,7 @@ from .graph_plan import (
     CondAction,
     FusedAction,
     GraphPlan,
+    PackAction,
     RelayoutAction,
     Val,
     ValKind,
@@ -305,6 +306,10 @@ class _Emitter:
                                             f"{act.dst.label}", dst=self.ref(act.dst), src=self.ref(act.src)))
             elif isinstance(act, CondAction):
                 self.emit_cond(act, out)
+            elif isinstance(act, PackAction):  # a GEMM's constant B, packed once at load
+                self.init.append(_Insn("AP_PACK_B", f"pack B of kernel {act.kernel_index} (at load)",
+                                       {"a": act.kernel_index, "dst": self.ref(act.dst), "src": self.ref(act.src),
+                                        "nbytes": act.nbytes}))
         return out
 
     def emit_cond(self, act: CondAction, out: list) -> None:

@@ -17,203 +17,18 @@ for (a relayout copy when the layout differs, a run-time check when it was only 
 
 from __future__ import annotations
 
-import enum
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from ascendc_pack_runtime.tensor_meta import contiguous_strides, itemsize, significant_strides, span_elems
+from ascendc_pack_runtime.tensor_meta import contiguous_strides, significant_strides
 
 from . import graph_aten as ga
-from .graph_aten import Const, RenderError
-from .graph_memory import MemoryPlan, lifetimes, place
-from .graph_tactic import tactic_plan
+from .graph_aten import RenderError
+from .graph_ir import (Action, Arg, AtenAction, BoxedOp, Buf, BufRole, CallMode, CheckAction, CondAction,  # noqa: F401
+                       FusedAction, GraphPlan, KernelRef, Mutation, PackAction, RelayoutAction, UserOutput, Val,
+                       ValKind)
+from .graph_memory import lifetimes, place
+from .graph_tactic import plan_gemm, plan_tactic
 from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
-
-
-@dataclass(frozen=True)
-class KernelRef:
-    """What the graph needs to know about one chosen kernel library."""
-
-    name: str
-    kernel_key: str
-    file: str          # path relative to the bundle root, e.g. kernels/<name>/<key>/kernel.so
-    workspace: int
-    n_inputs: int
-    n_outputs: int
-
-    def __post_init__(self):
-        if os.path.isabs(self.file) or ".." in Path(self.file).parts:
-            raise ValueError(f"kernel {self.name}: library path {self.file!r} must be relative to the "
-                             "bundle root")
-
-
-class ValKind(enum.Enum):
-    """Where a value comes from (and so whether it can change between calls)."""
-
-    INPUT = "input"     # a user input of the call
-    WEIGHT = "weight"   # a weight (never changes)
-    BUF = "buf"         # a planned buffer's full tensor
-    VIEW = "view"       # a view of other values
-    COND = "cond"       # the result of a torch.cond (either branch's value)
-    OPAQUE = "opaque"   # returned by an allocating or in-place ATen call
-    DERIVED = "derived"  # a tactic's derived weight, computed once at load (e.g. a packed weight)
-
-
-class BufRole(enum.Enum):
-    VALUE = "value"           # a step's output
-    WORKSPACE = "workspace"   # a fused kernel's scratch
-    RELAYOUT = "relayout"     # a copy into the layout a fused kernel was compiled for
-
-
-class CallMode(enum.Enum):
-    VIEW = "view"             # the result aliases an argument
-    OUT = "out"               # the out= overload writes into planned buffers
-    FUNCTIONAL = "functional"  # the op allocates its result (or writes in place)
-    LOAD = "load"             # run once at load on tensors that never change (a tactic's prepack)
-
-
-@dataclass(frozen=True, eq=False)
-class Buf:
-    """A block of memory the graph writes, created at step ``created``."""
-
-    id: int
-    label: str
-    dtype: str
-    shape: tuple
-    stride: tuple
-    role: BufRole
-    created: int
-
-    @property
-    def nbytes(self) -> int:
-        return span_elems(self.shape, self.stride) * itemsize(self.dtype)
-
-
-@dataclass(frozen=True, eq=False)
-class Val:
-    """A tensor value as the C++ code will see it (actual layout, not eager's)."""
-
-    id: int
-    label: str
-    shape: tuple
-    stride: tuple
-    dtype: str
-    kind: ValKind
-    index: int = -1                  # input / weight index
-    buf: Buf | None = None           # kind BUF
-    deps: tuple = ()                 # tensor Vals a view was computed from
-    roots: frozenset = frozenset()   # ids of the buffers whose memory this value may be
-    uncertain: bool = False          # layout predicted, not guaranteed (checked before kernels)
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One boxed argument: a constant, a tensor, or a list of tensors (None: a Tensor?[] hole)."""
-
-    const: Const | None = None
-    tensor: Val | None = None
-    tensors: tuple | None = None
-    optional_list: bool = False
-
-    def values(self) -> list[Val]:
-        if self.tensor is not None:
-            return [self.tensor]
-        return [v for v in self.tensors or () if v is not None]
-
-
-@dataclass(frozen=True)
-class BoxedOp:
-    qualified: str             # aten::addmm
-    overload: str              # "" for default
-    template: tuple            # Arg per schema argument
-
-
-@dataclass(frozen=True)
-class AtenAction:
-    label: str
-    op_index: int
-    args: tuple                # Arg per schema argument (then the out= arguments, mode OUT)
-    mode: CallMode
-    outs: tuple                # Val | None per result (mode OUT: the buffers' values)
-    out_bufs: tuple = ()       # Buf per out= argument (mode OUT)
-    list_return: bool = False  # the op returns one Tensor[]
-
-
-@dataclass(frozen=True)
-class FusedAction:
-    label: str
-    kernel_index: int
-    ins: tuple                 # Val per kernel input (already in the layout it expects)
-    outs: tuple                # Buf per kernel output
-    workspace: Buf | None
-
-
-@dataclass(frozen=True)
-class RelayoutAction:
-    src: Val
-    dst: Buf
-
-
-@dataclass(frozen=True)
-class CheckAction:
-    """Run-time safety net: ``dst = src`` when its strides match, else a relayouted copy."""
-
-    src: Val
-    dst: Val
-    shape: tuple
-    stride: tuple
-
-
-@dataclass(frozen=True)
-class CondAction:
-    pred: Val | bool
-    then_actions: tuple
-    else_actions: tuple
-    outs: tuple                # outer Vals
-    then_outs: tuple
-    else_outs: tuple
-
-
-Action = AtenAction | FusedAction | RelayoutAction | CheckAction | CondAction
-
-
-@dataclass(frozen=True)
-class UserOutput:
-    """One model output: ``val``, or the caller's own input ``input_index`` (a mutated input
-    the model returns)."""
-
-    val: Val
-    input_index: int = -1
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """Input ``input_index`` (named ``name``) gets the value of ``val`` after every call."""
-
-    input_index: int
-    name: str
-    val: Val
-
-
-@dataclass(frozen=True)
-class GraphPlan:
-    """Everything the emitter renders."""
-
-    model_name: str
-    weights: tuple             # (name, Val) per weight, in program order
-    inputs: tuple              # (name, Val) per user input
-    vals: tuple                # every Val, by id
-    bufs: tuple                # every Buf, by id
-    ops: tuple                 # BoxedOp per operator index
-    actions: tuple             # top-level actions in order
-    kernels: tuple             # KernelRef per kernel index
-    outputs: tuple             # UserOutput per model output
-    mutations: tuple           # Mutation per mutated input
-    counts: dict               # steps by kind (aten_out, aten_functional, aten_view, fused, relayout, cond,
-                               # tactic, tactic_load)
-    memory: MemoryPlan
-    aten_ops: dict = None      # the program's own ATen steps by operator (tactic calls not counted)
 
 
 def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
@@ -377,26 +192,8 @@ class _Planner:
         if step.name not in self.kernel_order:
             self.kernel_order.append(step.name)
         actions = []
-        ins = []
-        for name, (shape, stride, dtype) in zip(step.inputs, in_specs):
-            v = env[name]
-            if v.shape != shape or v.dtype != dtype:
-                raise RenderError(f"kernel {step.name}: input {name} is {v.dtype}{list(v.shape)}, the "
-                                  f"kernel expects {dtype}{list(shape)}")
-            self.use(v)
-            if significant_strides(v.shape, v.stride) != significant_strides(shape, stride):
-                # copy into the layout the kernel was compiled for (broadcast dims stay compact)
-                base = tuple(1 if (st == 0 and n != 1) else n for n, st in zip(shape, stride))
-                b = self.new_buf(f"relayout of {name} for {step.name}", base, stride, v.dtype, BufRole.RELAYOUT)
-                actions.append(RelayoutAction(v, b))
-                self.counts["relayout"] += 1
-                v = self.buf_val(b, b.label)
-            elif v.uncertain:
-                checked = self.new_val(f"{name} (checked)", shape, stride, v.dtype, ValKind.VIEW, deps=(v,),
-                                       roots=v.roots)
-                actions.append(CheckAction(v, checked, shape, stride))
-                v = checked
-            ins.append(v)
+        ins = [self.kernel_input(step.name, name, env[name], spec, actions)
+               for name, spec in zip(step.inputs, in_specs)]
         outs = []
         for name, (shape, dtype) in zip(step.outputs, out_specs):
             b = self.new_buf(f"{scope}{name}", shape, contiguous_strides(shape), dtype)
@@ -409,17 +206,36 @@ class _Planner:
                                    self.kernel_order.index(step.name), tuple(ins), tuple(outs), ws))
         return actions
 
-    # tactic steps -------------------------------------------------------------------------
+    def kernel_input(self, kernel: str, name: str, v: Val, spec: tuple, actions: list) -> Val:
+        """``v`` as kernel input ``spec`` (shape, stride, dtype): a relayouted copy when its layout
+        differs, a run-time check when its layout was only predicted."""
+        shape, stride, dtype = spec
+        if v.shape != shape or v.dtype != dtype:
+            raise RenderError(f"kernel {kernel}: input {name} is {v.dtype}{list(v.shape)}, the "
+                              f"kernel expects {dtype}{list(shape)}")
+        self.use(v)
+        if significant_strides(v.shape, v.stride) != significant_strides(shape, stride):
+            # copy into the layout the kernel was compiled for (broadcast dims stay compact)
+            base = tuple(1 if (st == 0 and n != 1) else n for n, st in zip(shape, stride))
+            b = self.new_buf(f"relayout of {name} for {kernel}", base, stride, v.dtype, BufRole.RELAYOUT)
+            actions.append(RelayoutAction(v, b))
+            self.counts["relayout"] += 1
+            return self.buf_val(b, b.label)
+        if v.uncertain:
+            checked = self.new_val(f"{name} (checked)", shape, stride, v.dtype, ValKind.VIEW, deps=(v,),
+                                   roots=v.roots)
+            actions.append(CheckAction(v, checked, shape, stride))
+            return checked
+        return v
+
+    # tactic steps (ascendc_pack/graph_tactic.py) ------------------------------------------
     def tactic(self, step: TacticStep, env: dict, program: Program, scope: str) -> list:
-        """A lowered tactic step: its derivations at load, then its calls (boxed, like ATen
-        steps; their results take the layouts the tactic really returns, e.g. channels_last)."""
-        if step.chosen is None:  # not lowered: the ATen steps it stands for
+        """A lowered tactic step (its ATen steps when it was not lowered)."""
+        if step.chosen is None:
             return [self.aten(s, env, program, scope) for s in step.steps]
         self.counts["tactic"] += 1
-        tp = tactic_plan(step, program.values)
-        view = _Values({**program.values, **tp.values})
-        actions = [self.aten_load(s, env, view, scope) for s in tp.load]
-        return actions + [self.aten(s, env, view, scope) for s in tp.calls]
+        plan = plan_gemm if "gemm" in step.chosen else plan_tactic
+        return plan(self, step, env, program, scope)
 
     def aten_load(self, step: AtenStep, env: dict, program, scope: str) -> AtenAction:
         """A call run once at load whose result never changes (a tactic's derived weight)."""
@@ -530,13 +346,6 @@ class _Planner:
         return len(self.ops) - 1
 
 
-@dataclass(frozen=True)
-class _Values:
-    """Specs by value name: the program's, plus those of a tactic step's own tensors."""
-
-    values: dict
-
-
 __all__ = ["plan_graph", "GraphPlan", "KernelRef", "Val", "Buf", "ValKind", "BufRole", "CallMode", "Arg",
-           "BoxedOp", "AtenAction", "FusedAction", "RelayoutAction", "CheckAction", "CondAction",
+           "BoxedOp", "AtenAction", "FusedAction", "RelayoutAction", "CheckAction", "CondAction", "PackAction",
            "UserOutput", "Mutation", "kernel_io", "RenderError"]

@@ -1,4 +1,8 @@
-"""A lowered tactic step as ATen-style steps the graph planner renders (boxed dispatcher calls).
+"""A lowered tactic step in the graph plan (used by :mod:`ascendc_pack.graph_plan`'s planner).
+
+A dispatcher tactic becomes ATen-style steps the planner renders as boxed calls
+(:func:`tactic_plan`, :func:`plan_tactic`); a generated GEMM becomes a kernel launch with its B
+packed at load (:func:`plan_gemm`).
 
 A tactic (:class:`ascendc_pack.tactics.Tactic`) is data: dispatcher calls by qualified name. The
 planner (:mod:`ascendc_pack.graph_plan`) renders each as a boxed call like any ATen step:
@@ -18,7 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ascendc_pack_runtime.tensor_meta import contiguous_strides
+
 from .executor import resolve_op
+from .graph_aten import RenderError
+from .graph_ir import BufRole, FusedAction, PackAction, Val, ValKind
 from .program import AtenStep, Ref, TacticStep, TensorSpec
 from .tactics import Call, Dtype, MemoryFormat, Tactic
 from .tactics import Ref as TRef
@@ -91,6 +99,74 @@ def tactic_plan(step: TacticStep, program_values: dict) -> TacticPlan:
     return TacticPlan(tuple(load), tuple(calls), values)
 
 
+@dataclass(frozen=True)
+class _Values:
+    """Specs by value name: the program's, plus those of a tactic step's own tensors."""
+
+    values: dict
+
+
+def plan_tactic(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered dispatcher tactic: its derivations at load, then its calls (boxed, like ATen
+    steps; their results take the layouts the tactic really returns, e.g. channels_last)."""
+    tp = tactic_plan(step, program.values)
+    view = _Values({**program.values, **tp.values})
+    actions = [planner.aten_load(s, env, view, scope) for s in tp.load]
+    return actions + [planner.aten(s, env, view, scope) for s in tp.calls]
+
+
+def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered GEMM step: its generated kernel launched like a fused kernel, B packed once at
+    load by the library's ``ap_gemm_pack_b`` when the candidate reads it packed."""
+    g, out = step.chosen, step.outputs[0]
+    spec, name = g["gemm"], g["kernel"]
+    m, n, k, dt = spec["m"], spec["n"], spec["k"], spec["dtype"]
+    ref = planner.kernels.get(name)
+    if ref is None:
+        raise RenderError(f"no library for GEMM kernel {name} of tactic step {step.name}")
+    if name not in planner.kernel_order:
+        planner.kernel_order.append(name)
+    index, actions, view = planner.kernel_order.index(name), [], _Values(program.values)
+
+    def operand(t: str, shape: tuple) -> Val:
+        v = env[step.bind[t]]
+        if v.shape != shape:
+            actions.append(planner.aten(AtenStep("aten.reshape.default", [Ref(step.bind[t]), list(shape)], {},
+                                                 [f"{out}#{t}"]), env, view, scope))
+            v = env[f"{out}#{t}"]
+        return planner.kernel_input(name, t, v, (shape, contiguous_strides(shape), dt), actions)
+
+    ins = [operand("x", (m, k))]
+    w = env[step.bind["weight"]]
+    held = (0, w.stride[1], w.stride[0]) if step.desc["weight_layout"] == "nk" else (0, *w.stride)
+    if w.kind is not ValKind.WEIGHT or held != tuple(spec["b_strides"]):
+        raise RenderError(f"GEMM {name}: B is not the weight it was generated for ({held} != {spec['b_strides']})")
+    if g["b_packed"]:
+        packed = planner.new_val(f"{scope}{out} packed B (at load)", (g["packed_b_bytes"] // 4,), (1,), "float32",
+                                 ValKind.DERIVED)
+        actions.append(PackAction(index, w, packed, g["packed_b_bytes"]))
+        w = packed
+    ins.append(w)
+    if spec["bias"]:
+        ins.append(env[step.bind["bias"]])
+    if "add" in spec["epilogue"]:
+        ins.append(operand("other", (m, n)))
+    if ref.n_inputs != len(ins) or ref.n_outputs != 1:
+        raise RenderError(f"GEMM {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")
+    c = planner.new_buf(f"{scope}{out} (GEMM)", (m, n), (n, 1), dt)
+    ws = planner.new_buf(f"workspace of {name}", (ref.workspace,), (1,), "uint8", BufRole.WORKSPACE) \
+        if ref.workspace > 0 else None
+    actions.append(FusedAction(f"{scope}{out} = {name}", index, tuple(ins), (c,), ws))
+    planner.counts["fused"] += 1
+    shape = tuple(program.values[out].shape)
+    target = out if shape == (m, n) else f"{out}#c"
+    env[target] = planner.buf_val(c, f"{scope}{out}")
+    if target != out:
+        actions.append(planner.aten(AtenStep("aten.reshape.default", [Ref(target), list(shape)], {}, [out]),
+                                    env, view, scope))
+    return actions
+
+
 def _arg(a, names: dict):
     if isinstance(a, TRef):
         return Ref(names[a.name])
@@ -101,4 +177,4 @@ def _arg(a, names: dict):
     return a
 
 
-__all__ = ["tactic_plan", "TacticPlan", "op_name"]
+__all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm"]

@@ -172,13 +172,15 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol):
     if not found.found:
         return captured, {}, (0, 0)
     tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol())
-    if input_sets and tuner.pending():
+    try:  # a warm cache times nothing, but the runs still say which steps the inputs reach
         with progress.stage("tactics", total=tuner.pending(), label="tune tactics") as st:
             done = tuner.pending()
             for inputs in input_sets:
                 tuner(*_clone(inputs))
                 st.advance(done - tuner.pending())
                 done = tuner.pending()
+    finally:
+        tuner.close()
     decisions = tuner.decisions()
     lowered = lower_tactics(found.model, found.weights, decisions, tuner.choices)
     model = propagate_layouts(lowered.model) if lowered.lowered else lowered.model

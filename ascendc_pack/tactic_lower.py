@@ -30,6 +30,7 @@ from .executor import run_reference_tactic
 from .fold import is_foldable
 from .graph_aten import meta_layouts
 from .program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
+from .tactic_gemm import GemmTactic, lowered_gemm_runner
 from .tactic_pass import Constants, WeightSink, thread_weights
 
 
@@ -111,16 +112,14 @@ class _Lowerer:
 
     def lower(self, s: TacticStep, index: int, consts: Constants, scope: str, needs: list, values: dict) -> TacticStep:
         ch = self.choices[s.name]
-        tactic: T.Tactic = ch.candidates[index]
+        tactic = ch.candidates[index]
         recorded = ch.results[index].values or {}
-        weights = {t: consts.tensor(v) for t, v in s.bind.items() if t in T.WEIGHTS and v in consts}
-        built = T.prepare(tactic, weights, stage="build")
-        bind = {}
-        for n in T.stored_weights(tactic):
-            if n in s.bind and s.bind[n] in consts and (s.bind[n] in values and n in tactic.inputs):
-                bind[n] = s.bind[n]
-                continue
-            t = built[n].detach()
+
+        def stored(n: str, tensor) -> str:
+            """A weight the lowered step reads: the model's own, or a new one made now."""
+            if n in s.bind and s.bind[n] in consts.inputs and tensor is None:
+                return s.bind[n]
+            t = (consts.tensor(s.bind[n]) if tensor is None else tensor).detach()
             if t.layout != torch.strided or not t.is_contiguous(memory_format=_format_of(t)):
                 t = t.contiguous()
             name = self.sink.add(f"{scope}{s.outputs[0]}__{n}", t.clone(memory_format=_format_of(t)),
@@ -128,7 +127,14 @@ class _Lowerer:
             values[name] = self.sink.specs[name]
             if scope:
                 needs.append(name)
-            bind[n] = name
+            return name
+
+        if isinstance(tactic, GemmTactic):  # B (packed at load) and the bias are the weights as bound
+            bind = {n: (stored(n, None) if n in T.WEIGHTS else v) for n, v in s.bind.items()}
+            return dataclasses.replace(s, bind=bind, chosen=tactic.lowered(), values=dict(recorded))
+        weights = {t: consts.tensor(v) for t, v in s.bind.items() if t in T.WEIGHTS and v in consts}
+        built = T.prepare(tactic, weights, stage="build")
+        bind = {n: stored(n, None if n in s.bind else built[n]) for n in T.stored_weights(tactic)}
         read = set().union(*(c.refs() for c in [p.call for p in tactic.prepack if p.when == "load"] + list(tactic.calls)))
         for n in tactic.inputs:
             if n not in T.WEIGHTS and n in read:
@@ -232,7 +238,8 @@ def _propagate_branches(s):
 def _output_spec(s: TacticStep, captured: TensorSpec) -> TensorSpec:
     """The layout of a lowered step's output: its tactic's result (recorded), reshaped as the
     captured value (a reshape that cannot be a view copies: contiguous)."""
-    res = (s.values or {}).get(T.Tactic.from_json(s.chosen).output)
+    output = "out" if "gemm" in s.chosen else T.Tactic.from_json(s.chosen).output
+    res = (s.values or {}).get(output)
     if res is None or res.stride is None:
         return captured
     t = torch.empty_strided(res.shape, res.stride, dtype=torch_dtype(res.dtype), device="meta")
@@ -288,6 +295,11 @@ class LoweredRunner:
             return run_reference_tactic(step, env)
         named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
         ready = self._ready.get(id(step))
+        shape = self.shapes[id(step)]
+        if "gemm" in step.chosen:
+            if ready is None:
+                ready = self._ready[id(step)] = (lowered_gemm_runner(step.chosen, named),)
+            return ready[0](named).reshape(shape)
         if ready is None:
             tactic = T.Tactic.from_json(step.chosen)
             static = {n: t for n, t in named.items() if n in T.WEIGHTS or n not in tactic.inputs}
@@ -297,7 +309,6 @@ class LoweredRunner:
         acts = {n: t for n, t in named.items() if n in tactic.inputs and n not in T.WEIGHTS}
         with torch.no_grad():
             out = T.execute(calls, {**prepared, **acts})[tactic.output]
-        shape = self.shapes[id(step)]
         return out if tuple(out.shape) == shape else out.reshape(shape)
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from ascendc_pack_runtime import manifest as contract
 
+from .candidate import Candidate
+from .gemm import GemmSpec
+from .program import Program
+from .tactic_gemm import GemmTactic
+
 
 def _fmt(us: float | None) -> str:
     from .tune import format_us
@@ -53,4 +58,29 @@ def tuning_tactics(choices: dict, sanitize) -> list[dict]:
             if c.get("error"):
                 c["error"] = sanitize(c["error"])
         out.append(d)
+    return out
+
+
+def gemm_libraries(program: Program, choices: dict) -> dict[str, dict]:
+    """Every generated GEMM kernel a lowered tactic step launches, by kernel name: its chosen
+    ``candidate``, ``so_path`` (build cache), ``n_inputs``, ``visited``, ``chosen_index`` and
+    ``candidates`` among the GEMM's own tilings (``manifest.kernels`` entries), and ``uses``."""
+    out: dict[str, dict] = {}
+    for ts in program.tactic_steps():
+        g = ts.chosen
+        if not g or "gemm" not in g:
+            continue
+        entry = out.get(g["kernel"])
+        if entry is None:
+            ch = choices[ts.name]
+            gemms = [(i, t) for i, t in enumerate(ch.candidates) if isinstance(t, GemmTactic)]
+            cands = tuple(contract.Candidate(j, t.key, t.candidate.tiling_repr, t.candidate.workspace,
+                                             t.candidate.block_dim, ch.results[i].median_us,
+                                             ch.results[i].error is not None) for j, (i, t) in enumerate(gemms))
+            entry = out[g["kernel"]] = {
+                "candidate": Candidate(g["tiling_repr"], g["workspace"], g["block_dim"]), "so_path": g["so_path"],
+                "n_inputs": GemmSpec.from_json(g["gemm"]).n_inputs, "visited": ch.visited,
+                "chosen_index": next(j for j, (_, t) in enumerate(gemms) if t.key == g["kernel_key"]),
+                "candidates": cands, "uses": []}
+        entry["uses"].append({"inputs": list(dict.fromkeys(ts.bind.values())), "outputs": list(ts.outputs)})
     return out

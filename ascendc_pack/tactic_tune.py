@@ -48,6 +48,7 @@ from .choice import MeasurementQuality
 from .config import BuildConfig, host_cores
 from .executor import run_aten, run_model, run_program, run_reference_tactic
 from .program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
+from .tactic_gemm import GemmRunner, GemmTactic, gemm_candidates
 from .tactic_pass import candidates_for, in_layout_chain
 from .tactics.dispatch import bind, execute
 from .toolchain import package_version
@@ -146,13 +147,15 @@ def host_fingerprint() -> dict:
 class TacticTuner:
     """Runs a model with TacticSteps on real inputs and tunes every tactic step on its first call.
 
-    ``config``: topn (candidates per step, candidate 0 included), cache directory, cores;
-    ``compile_epilogue``: build candidate 0's epilogue as a fused kernel for its timing (tests
-    switch it off to stay fast; then candidate 0 is timed with the epilogue as ATen ops).
+    ``config``: topn (candidates per step, candidate 0 included; a GEMM step also gets up to
+    topn tilings of its generated kernel), cache directory, cores; ``compile_epilogue``: build
+    candidate 0's epilogue as a fused kernel for its timing; ``gemm``: offer the generated GEMM
+    kernels (tests switch both off to stay fast; then candidate 0 is timed with the epilogue as
+    ATen ops). :meth:`close` stops the verification sandbox of the GEMM candidates.
     """
 
     def __init__(self, model: ModelProgram, weights: dict[str, torch.Tensor], config: BuildConfig,
-                 protocol: Protocol = Protocol(), compile_epilogue: bool = True):
+                 protocol: Protocol = Protocol(), compile_epilogue: bool = True, gemm: bool = True):
         self.model = model
         self.weights = weights
         self.config = config
@@ -163,14 +166,27 @@ class TacticTuner:
         _index(model.program, self.programs, self.instances)
         self.reached: set[int] = set()
         self.choices: dict[str, TacticChoice] = {}
+        self._sandbox = None
+        firsts = {}
         for s in self.instances:
             if s.name not in self.choices:
                 cands = candidates_for(s, config.topn)
-                ch = TacticChoice(s.name, s.tactic_kind, s.desc, cands,
-                                  [TacticResult(i, t.key, t.name) for i, t in enumerate(cands)])
-                self.choices[s.name] = ch
-                if len(cands) > 1:
-                    self._load_cached(ch)
+                self.choices[s.name] = TacticChoice(s.name, s.tactic_kind, s.desc, cands, [])
+                firsts[s.name] = s
+        if gemm and config.topn > 1:  # the generated GEMM's tilings join the linear steps' candidates
+            linear = [s for s in firsts.values() if s.tactic_kind == "linear"]
+            values = {s.name: self.programs[id(s)].values for s in linear}
+            for name, cands in gemm_candidates(linear, values, config).items():
+                self.choices[name].candidates += cands
+        for ch in self.choices.values():
+            ch.results = [TacticResult(i, t.key, t.name) for i, t in enumerate(ch.candidates)]
+            if len(ch.candidates) > 1:
+                self._load_cached(ch)
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
 
     # running ------------------------------------------------------------------------------------
     def __call__(self, *inputs):
@@ -241,9 +257,11 @@ class TacticTuner:
                      ch.candidates[ch.best].name)
             self._persist(ch, kd, sel)
 
-    def _verify(self, ch: TacticChoice, i: int, tactic: T.Tactic, step: TacticStep, named: dict,
+    def _verify(self, ch: TacticChoice, i: int, tactic, step: TacticStep, named: dict,
                 expected: torch.Tensor, ref64):
         """Run candidate ``i`` once and compare it with the reference; returns its timed runner."""
+        if isinstance(tactic, GemmTactic):
+            return self._verify_gemm(ch, i, tactic, step, named, expected, ref64)
         weights, acts = T.split(named)
         acts = _arrival(tactic, step.desc, acts)
         with torch.no_grad():
@@ -265,6 +283,22 @@ class TacticTuner:
                         check.problem)
             return None
         return lambda: execute(calls, {**prepared, **acts})
+
+    def _verify_gemm(self, ch, i, tactic, step, named, expected, ref64):
+        from .backend import get_backend
+
+        runner = GemmRunner(tactic, named)
+        if self._sandbox is None:
+            self._sandbox = get_backend(self.config.backend).sandbox()
+        verdict = runner.verify(expected, ref64, self._sandbox, self.protocol.verify_timeout_s)
+        ch.results[i].values = runner.values()
+        if verdict is not None:
+            verdict["output"] = step.outputs[0]
+            ch.results[i].disqualified = verdict
+            ch.results[i].error = f"disqualified ({verdict['reason']}): {verdict['detail']}"
+            log.warning("tactic %s: candidate #%d (%s) %s", ch.name, i, tactic.name, ch.results[i].error)
+            return None
+        return runner
 
     def _captured_runner(self, step: TacticStep, env: dict):
         """Candidate 0 as today's pipeline runs it: the heavy op, the epilogue as a fused kernel."""

@@ -24,6 +24,7 @@ from ascendc_pack.capture import capture
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.fold import fold_constants
 from ascendc_pack.pipeline import build, prepare
+from ascendc_pack.tactic_gemm import GemmTactic
 from ascendc_pack.tactic_pass import find_tactics
 from ascendc_pack.tactic_report import manifest_tactics
 from ascendc_pack.tactic_tune import TacticTuner
@@ -161,6 +162,32 @@ def test_every_candidate_renders_in_the_graph(tmp_path, cache, monkeypatch, pref
         assert "(at load)" in source and "mkldnn::_reorder" in source  # packed once, at load
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["B-packed-at-load", "B-as-held"])
+def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch, packed):
+    """A GEMM kernel chosen for every GEMM step: launched from graph.cpp, B packed at load by the
+    library's ap_gemm_pack_b (or read as held), the library a listed, re-hashed bundle member."""
+    real = TacticTuner.decisions
+
+    def forced(self):
+        out = real(self)
+        for s in self.instances:
+            cands = self.choices[s.name].candidates
+            pick = [i for i, t in enumerate(cands) if isinstance(t, GemmTactic) and t.b_packed == packed]
+            if pick and id(s) in self.reached:
+                out[id(s)] = pick[0]
+        return out
+
+    monkeypatch.setattr(TacticTuner, "decisions", forced)
+    res, out = _build(tmp_path, cache)
+    m = rt.read_manifest(out)
+    gemms = [k for k in m.kernels if k.name.startswith("gemm_")]
+    assert gemms and all(k.file in m.libraries() for k in gemms)
+    assert all(len(k.candidates) >= 2 and k.candidates[k.chosen_index].kernel_key == k.kernel_key for k in gemms)
+    source = _member(out, "graph.cpp").decode()
+    assert ("AP_PACK_B" in source) == packed
+    _fresh_process_matches(out, _model(), _inputs(), tmp_path)
+
+
 def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
     real = tactic_tune.candidates_for
 
@@ -177,7 +204,7 @@ def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatc
     x = torch.randn(8, 16)
     found = _found(m, x)
     tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=4, cache_dir=tmp_path), FAST,
-                        compile_epilogue=False)
+                        compile_epilogue=False, gemm=False)
     tuner(x)
     (ch,) = tuner.choices.values()
     bad = ch.results[-1]
@@ -202,12 +229,12 @@ def test_warm_rebuild_profiles_nothing_and_reuses_the_choice(tmp_path, monkeypat
     x = torch.randn(16, 32)
     found = _found(m, x)
     config = BuildConfig(topn=3, cache_dir=tmp_path)
-    cold = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False)
+    cold = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False, gemm=False)
     assert cold.pending() == 2
     cold(x)
     assert cold.profiled == 2
     first = cold.decisions()
-    warm = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False)
+    warm = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False, gemm=False)
     assert warm.pending() == 0
     warm(x)
     assert warm.profiled == 0
@@ -218,8 +245,20 @@ def test_warm_rebuild_profiles_nothing_and_reuses_the_choice(tmp_path, monkeypat
         d = next((tmp_path / "ascendc" / "tactics" / name).iterdir())
         assert (d / "optimize_tactic").read_text().strip() == ch.candidates[ch.best].key
     monkeypatch.setattr(tactic_tune, "host_fingerprint", lambda: {"cpu": "another host"})
-    other = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False)
+    other = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False, gemm=False)
     assert other.pending() == 2  # timings of another host are not reused
+
+
+def test_warm_pipeline_keeps_the_choices(tmp_path):
+    m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+    x = (torch.randn(16, 32),)
+    config = BuildConfig(topn=3, cache_dir=tmp_path, jobs=2)
+    cold = prepare(m, x, config=config, input_sets=[x], protocol=FAST)
+    warm = prepare(m, x, config=config, input_sets=[x], protocol=FAST)
+    assert cold.tactics_profiled == 2 and warm.tactics_profiled == 0
+    picks = [[u["chosen_index"] for u in ch.uses] for ch in cold.tactics.values()]
+    assert [[u["chosen_index"] for u in ch.uses] for ch in warm.tactics.values()] == picks
+    assert warm.captured.model.dumps() == cold.captured.model.dumps()
 
 
 def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
@@ -234,7 +273,7 @@ def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
     x = torch.randn(4, 16).abs()
     found = _found(M(), x)
     tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=3, cache_dir=tmp_path), FAST,
-                        compile_epilogue=False)
+                        compile_epilogue=False, gemm=False)
     tuner(x)  # only the then branch runs
     decisions = tuner.decisions()
     by_unary = {s.desc["epilogue"]["unary"]: s for s in tuner.instances}
@@ -271,7 +310,7 @@ def test_identical_steps_share_one_measurement(tmp_path):
     x = torch.randn(4, 16)
     found = _found(m, x)
     tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=3, cache_dir=tmp_path), FAST,
-                        compile_epilogue=False)
+                        compile_epilogue=False, gemm=False)
     assert len(tuner.instances) == 2 and len(tuner.choices) == 1 and tuner.pending() == 1
     tuner(x)
     tuner.decisions()

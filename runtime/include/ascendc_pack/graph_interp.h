@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ascendc_pack/gemm_abi.h"
 #include "ascendc_pack/graph_program.h"
 #include "ascendc_pack/kernel_abi.h"
 
@@ -206,6 +207,22 @@ inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* w
          ") failed with status " + std::to_string(rc));
 }
 
+// A GEMM kernel's constant B packed once, at load, by the library's own ap_gemm_pack_b (the
+// packed layout depends on the candidate's NR and the host ISA it was built for: never stored).
+at::Tensor pack_b(const Kernel& k, const at::Tensor& b, int64_t nbytes) {
+  auto describe = reinterpret_cast<const ap_gemm_info* (*)()>(dlsym(k.handle, "ap_gemm_describe"));
+  auto pack = reinterpret_cast<int (*)(const void*, void*, int32_t)>(dlsym(k.handle, "ap_gemm_pack_b"));
+  std::string where = std::string("GEMM kernel ") + k.spec->name;
+  if (!describe || !pack) fail(where + " does not export ap_gemm_describe/ap_gemm_pack_b; rebuild the bundle");
+  const ap_gemm_info* info = describe();
+  if (!info || !info->b_packed || info->packed_b_bytes != nbytes)
+    fail(where + " packs B into " + std::to_string(info ? info->packed_b_bytes : -1) +
+         " bytes, the graph planned " + std::to_string(nbytes) + "; the bundle is inconsistent, rebuild it");
+  at::Tensor packed = empty_strided({(nbytes + 3) / 4}, {1}, c10::ScalarType::Float);
+  if (pack(b.data_ptr(), packed.data_ptr(), 0) != 0) fail(where + ": ap_gemm_pack_b failed");
+  return packed;
+}
+
 // ---- io checks -----------------------------------------------------------------------------
 void check_tensors(const std::vector<at::Tensor>& ts, const ap_tensor_spec* specs, int32_t n,
                    const char* what) {
@@ -352,6 +369,7 @@ void exec(const ap_insn* code, int32_t n, Frame& f) {
         if (!(x.a < 0 ? truthy(f[x.src]) : x.a != 0)) pc = x.b;
         break;
       case AP_JUMP: pc = x.b; break;
+      case AP_PACK_B: f[x.dst] = pack_b(f.S.kernels[x.a], f[x.src], x.nbytes); break;
       default: fail("internal error: unknown instruction " + std::to_string(x.code));
     }
   }

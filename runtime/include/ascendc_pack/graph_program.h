@@ -129,6 +129,7 @@ enum ap_code : int32_t {
   AP_COPY,      /* dst.copy_(src): an input mutation written back */
   AP_BRANCH,    /* if not (a < 0 ? truthy(src) : a != 0): jump to instruction b */
   AP_JUMP,      /* jump to instruction b */
+  AP_PACK_B,    /* (init) dst := src packed by GEMM kernel a's ap_gemm_pack_b (nbytes, gemm_abi.h) */
 };
 
 struct ap_dyn_arg {
