@@ -172,6 +172,8 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol):
     if not found.found:
         return captured, {}, (0, 0)
     tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol())
+    with progress.stage("compile", total=tuner.compile_total()) as st:  # GEMM tilings, epilogue kernels
+        tuner.compile(st.advance)
     try:  # a warm cache times nothing, but the runs still say which steps the inputs reach
         with progress.stage("tactics", total=tuner.pending(), label="tune tactics") as st:
             done = tuner.pending()

@@ -5,7 +5,7 @@ relu / gelu / gelu_tanh / silu / sigmoid) gets, besides the dispatcher tactics, 
 candidates of a :class:`~ascendc_pack.gemm.GemmSpec` (``gemm_<step name>``): B is the weight as
 the graph holds it (``b_constant``, so candidates may pack it once at load), A the activation
 made contiguous, C contiguous ``[m, n]``. They compile through the kernel cache like fused
-kernels (one :func:`~ascendc_pack.gemm.compile_gemms` call for every step), are verified in the
+kernels (one ``compile_kernels`` call for every step, before any run), are verified in the
 kernel sandbox on the step's real arguments (a generated kernel could crash or hang: the build
 must survive it) and timed with the other candidates. A chosen GEMM runs in graph.cpp as a kernel
 launch, its B packed at load by the library's ``ap_gemm_pack_b``, and its library is a bundle
@@ -22,7 +22,8 @@ import torch
 from ascendc_pack_runtime.accuracy import check_tensor
 
 from .candidate import Candidate
-from .gemm import DTYPES, GemmSpec, compile_gemms
+from .compiler import compile_kernels
+from .gemm import DTYPES, GemmSpec, GemmTarget, plan
 from .gemm_launch import GemmKernel, PackedB, logical_b
 from .program import TacticStep, TensorSpec
 from .verify import Arena, SandboxCrashed, SandboxHung
@@ -83,20 +84,28 @@ def gemm_spec(step: TacticStep, values: dict) -> GemmSpec | None:
                     epilogue)
 
 
-def gemm_candidates(steps: list[TacticStep], values_of: dict, config) -> dict[str, list[GemmTactic]]:
-    """The compiled GEMM candidates of each step (by step name; ``values_of[name]``: the specs
-    of its program's values), at most ``config.topn`` each, in the cost model's order."""
-    specs = {}
+def plan_gemms(steps: list[TacticStep], values_of: dict, config) -> dict:
+    """The GEMM of each linear step the template can take (by step name; ``values_of[name]``:
+    the specs of its program's values), with its ``config.topn`` candidates rendered."""
+    out = {}
+    target = None
     for s in steps:
         spec = gemm_spec(s, values_of[s.name])
         if spec is not None:
-            specs[s.name] = spec
-    if not specs:
+            target = target or GemmTarget.detect(config.effective_cores, config.march)
+            out[s.name] = plan(spec, config, target)
+    return out
+
+
+def compile_gemm_plans(plans: dict, config, progress=None) -> dict[str, list[GemmTactic]]:
+    """Compile every planned GEMM (one ``compile_kernels`` call, cached like fused kernels);
+    the candidates that compiled, as tactics, by step name, in the cost model's order."""
+    if not plans:
         return {}
     out: dict[str, list[GemmTactic]] = {}
-    for name, b in zip(specs, compile_gemms(list(specs.values()), config)):
+    for (name, b), ck in zip(plans.items(), compile_kernels([b.build for b in plans.values()], config, progress)):
         cands = []
-        for rank, (gc, cc) in enumerate(zip(b.candidates, b.compiled.candidates)):
+        for rank, (gc, cc) in enumerate(zip(b.candidates, ck.candidates)):
             if not cc.ok:
                 log.info("GEMM %s candidate #%d did not compile", b.spec.name, rank)
                 continue
@@ -171,4 +180,4 @@ def _verdict(reason: str, detail: str) -> dict:
     return {"reason": reason, "detail": detail, "output": None, "max_error": None, "allowed": None}
 
 
-__all__ = ["GemmTactic", "GemmRunner", "gemm_spec", "gemm_candidates", "lowered_gemm_runner"]
+__all__ = ["GemmTactic", "GemmRunner", "gemm_spec", "plan_gemms", "compile_gemm_plans", "lowered_gemm_runner"]

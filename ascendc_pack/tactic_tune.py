@@ -48,7 +48,7 @@ from .choice import MeasurementQuality
 from .config import BuildConfig, host_cores
 from .executor import run_aten, run_model, run_program, run_reference_tactic
 from .program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
-from .tactic_gemm import GemmRunner, GemmTactic, gemm_candidates
+from .tactic_gemm import GemmRunner, GemmTactic, compile_gemm_plans, plan_gemms
 from .tactic_pass import candidates_for, in_layout_chain
 from .tactics.dispatch import bind, execute
 from .toolchain import package_version
@@ -167,21 +167,52 @@ class TacticTuner:
         self.reached: set[int] = set()
         self.choices: dict[str, TacticChoice] = {}
         self._sandbox = None
+        self._compiled = False
         firsts = {}
         for s in self.instances:
             if s.name not in self.choices:
                 cands = candidates_for(s, config.topn)
                 self.choices[s.name] = TacticChoice(s.name, s.tactic_kind, s.desc, cands, [])
                 firsts[s.name] = s
-        if gemm and config.topn > 1:  # the generated GEMM's tilings join the linear steps' candidates
-            linear = [s for s in firsts.values() if s.tactic_kind == "linear"]
-            values = {s.name: self.programs[id(s)].values for s in linear}
-            for name, cands in gemm_candidates(linear, values, config).items():
-                self.choices[name].candidates += cands
+        tuned = [s for s in firsts.values() if config.topn > 1 and
+                 (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear")]
+        # the generated GEMM's tilings join the linear steps' candidates; candidate 0's epilogue
+        # is timed as a fused kernel: both are compiled by :meth:`compile`, before any run
+        self._gemms = plan_gemms([s for s in tuned if s.tactic_kind == "linear"],
+                                 {s.name: self.programs[id(s)].values for s in tuned}, config) if gemm else {}
+        self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
+                           for s in tuned if compile_epilogue} if tuned else {}
+        self._kernels: dict = {}
+
+    def compile_total(self) -> int:
+        """Libraries :meth:`compile` goes through (GEMM tilings, candidate-0 epilogue kernels)."""
+        from .kernels import total_candidates
+
+        epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
+        return sum(len(b.candidates) for b in self._gemms.values()) + \
+            total_candidates(epi, dataclasses.replace(self.config, topn=1))
+
+    def compile(self, progress=None) -> None:
+        """Compile (or find in the kernel cache) the GEMM candidates and the candidate-0 epilogue
+        kernels, then read the tuning cache; ``progress(n)`` per library done."""
+        from .backend import get_backend
+        from .kernels import prepare_kernels
+
+        if self._compiled:
+            return
+        for name, cands in compile_gemm_plans(self._gemms, self.config, progress).items():
+            self.choices[name].candidates += cands
+        epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
+        backend = get_backend(self.config.backend)
+        for name, kc in prepare_kernels(epi, dataclasses.replace(self.config, topn=1), progress).items():
+            cc = kc.compiled.candidates[0]
+            if cc.ok:  # else candidate 0 is timed with its epilogue as ATen ops
+                self._kernels[name] = backend.load_kernel(kc.step.kernel, cc.so_path, cc.candidate.kernel_key)
         for ch in self.choices.values():
             ch.results = [TacticResult(i, t.key, t.name) for i, t in enumerate(ch.candidates)]
             if len(ch.candidates) > 1:
                 self._load_cached(ch)
+        self._compiled = True
 
     def close(self) -> None:
         if self._sandbox is not None:
@@ -190,10 +221,12 @@ class TacticTuner:
 
     # running ------------------------------------------------------------------------------------
     def __call__(self, *inputs):
+        self.compile()
         return run_model(self.model, self.weights, inputs, run_tactic=self._run)
 
     def pending(self) -> int:
         """Distinct tactic steps that will time their candidates when a run reaches them."""
+        self.compile()
         return sum(1 for ch in self.choices.values() if not ch.decided)
 
     @property
@@ -302,29 +335,11 @@ class TacticTuner:
 
     def _captured_runner(self, step: TacticStep, env: dict):
         """Candidate 0 as today's pipeline runs it: the heavy op, the epilogue as a fused kernel."""
-        from .backend import get_backend
-        from .fuse import fuse_program
-        from .kernels import prepare_kernels
-
-        values = self.programs[id(step)].values
-        inputs = step.reference_inputs()
-        sub = Program(inputs, list(step.steps), list(step.outputs), values)
-        fused = fuse_program(sub)
-        kernels = {}
-        if fused.fused_steps():
-            try:
-                built = prepare_kernels(fused, dataclasses.replace(self.config, topn=1))
-                backend = get_backend(self.config.backend)
-                for name, kc in built.items():
-                    cc = kc.compiled.candidates[0]
-                    if not cc.ok:
-                        return None
-                    kernels[name] = backend.load_kernel(kc.step.kernel, cc.so_path, cc.candidate.kernel_key)
-            except Exception as e:  # noqa: BLE001 - then candidate 0 is timed as ATen ops
-                log.info("tactic %s: candidate 0's epilogue kernel did not build (%s)", step.name, e)
-                return None
-        args = [env[n] for n in inputs]
-        return lambda: run_program(fused, args, run_fused=lambda s, a: kernels[s.name](a))
+        fused = self._epilogues.get(step.name)
+        if fused is None or not all(f.name in self._kernels for f in fused.fused_steps()):
+            return None
+        args = [env[n] for n in fused.inputs]
+        return lambda: run_program(fused, args, run_fused=lambda s, a: self._kernels[s.name](a))
 
     # the cache ----------------------------------------------------------------------------------
     def _load_cached(self, ch: TacticChoice) -> None:
@@ -426,6 +441,13 @@ def _chain_decision(chs: list[TacticChoice]) -> list[int]:
     if channels_last < captured:
         return [i for _, i in best_cl]
     return [0] * len(chs)
+
+
+def _epilogue_program(step: TacticStep, values: dict) -> Program:
+    """The step's ATen steps with their pointwise tail fused (what the fuser makes of them)."""
+    from .fuse import fuse_program
+
+    return fuse_program(Program(step.reference_inputs(), list(step.steps), list(step.outputs), values))
 
 
 def _index(p: Program, programs: dict, instances: list) -> None:
