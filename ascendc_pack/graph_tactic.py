@@ -40,6 +40,8 @@ class TacticPlan:
     load: tuple
     calls: tuple
     values: dict
+    reshape_in: tuple = ()     # (program value, shape, name) per input read with another shape
+    reshape_out: tuple = ()    # (result, shape) when the result has another shape than the value
 
 
 def op_name(qualified: str) -> str:
@@ -60,13 +62,12 @@ def tactic_plan(step: TacticStep, program_values: dict) -> TacticPlan:
     names: dict[str, str] = {}
     values: dict[str, TensorSpec] = {}
     calls: list[AtenStep] = []
+    reshape_in = []
     for t, v in step.bind.items():
         shape = step.shapes.get(t)
         if shape is not None and tuple(program_values[v].shape) != tuple(shape):
             names[t] = prefix + t
-            if t in recorded:
-                values[prefix + t] = recorded[t]
-            calls.append(AtenStep("aten.reshape.default", [Ref(v), list(shape)], {}, [prefix + t]))
+            reshape_in.append((v, tuple(shape), prefix + t))
         else:
             names[t] = v
 
@@ -89,14 +90,15 @@ def tactic_plan(step: TacticStep, program_values: dict) -> TacticPlan:
     calls += [convert(c) for c in tactic.calls]
     result = names[tactic.output]
     spec = values.get(result)
+    reshape_out = ()
     if spec is None or tuple(spec.shape) != tuple(out_spec.shape):
-        calls.append(AtenStep("aten.reshape.default", [Ref(result), list(out_spec.shape)], {}, [step.outputs[0]]))
+        reshape_out = (result, tuple(out_spec.shape))
     else:  # the last call writes the program's value itself
         last = calls[-1]
         calls[-1] = AtenStep(last.op, last.args, last.kwargs,
                              [step.outputs[0] if o == result else o for o in last.outputs], last.multi)
         values[step.outputs[0]] = spec
-    return TacticPlan(tuple(load), tuple(calls), values)
+    return TacticPlan(tuple(load), tuple(calls), values, tuple(reshape_in), reshape_out)
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,34 @@ def plan_tactic(planner, step: TacticStep, env: dict, program, scope: str) -> li
     steps; their results take the layouts the tactic really returns, e.g. channels_last)."""
     tp = tactic_plan(step, program.values)
     view = _Values({**program.values, **tp.values})
-    actions = [planner.aten_load(s, env, view, scope) for s in tp.load]
-    return actions + [planner.aten(s, env, view, scope) for s in tp.calls]
+    actions = [a for src, shape, dst in tp.reshape_in for a in reshape(planner, env, view, src, shape, dst, scope)]
+    actions += [planner.aten_load(s, env, view, scope) for s in tp.load]
+    actions += [planner.aten(s, env, view, scope) for s in tp.calls]
+    if tp.reshape_out:
+        actions += reshape(planner, env, view, tp.reshape_out[0], tp.reshape_out[1], step.outputs[0], scope)
+    return actions
+
+
+def reshape(planner, env: dict, view, src: str, shape: tuple, dst: str, scope: str) -> list:
+    """``dst`` := ``src`` reshaped: a view when its layout allows one, else a view of a contiguous
+    copy. Not ``aten.reshape``: it copies *or* aliases, and the planner must know which (a view of
+    a planned buffer is made once at load; a copy must run on every call)."""
+    v = env[src]
+    acts = []
+    if v.uncertain or not _viewable(v.shape, v.stride, shape):
+        acts.append(planner.aten(AtenStep("aten.clone.default", [Ref(src)], {"memory_format": torch.contiguous_format},
+                                          [f"{dst}#contiguous"]), env, view, scope))
+        src = f"{dst}#contiguous"
+    acts.append(planner.aten(AtenStep("aten.view.default", [Ref(src), list(shape)], {}, [dst]), env, view, scope))
+    return acts
+
+
+def _viewable(shape, stride, new_shape) -> bool:
+    try:
+        torch.empty_strided(shape, stride, device="meta").view(new_shape)
+        return True
+    except RuntimeError:
+        return False
 
 
 def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list:
@@ -131,8 +159,7 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     def operand(t: str, shape: tuple) -> Val:
         v = env[step.bind[t]]
         if v.shape != shape:
-            actions.append(planner.aten(AtenStep("aten.reshape.default", [Ref(step.bind[t]), list(shape)], {},
-                                                 [f"{out}#{t}"]), env, view, scope))
+            actions.extend(reshape(planner, env, view, step.bind[t], shape, f"{out}#{t}", scope))
             v = env[f"{out}#{t}"]
         return planner.kernel_input(name, t, v, (shape, contiguous_strides(shape), dt), actions)
 
@@ -162,8 +189,7 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     target = out if shape == (m, n) else f"{out}#c"
     env[target] = planner.buf_val(c, f"{scope}{out}")
     if target != out:
-        actions.append(planner.aten(AtenStep("aten.reshape.default", [Ref(target), list(shape)], {}, [out]),
-                                    env, view, scope))
+        actions.extend(reshape(planner, env, view, target, shape, out, scope))
     return actions
 
 
