@@ -77,7 +77,9 @@ def tactic_plan(step: TacticStep, program_values: dict) -> TacticPlan:
         names[c.out] = prefix + c.out
         if c.out in recorded:
             values[prefix + c.out] = recorded[c.out]
-        op = op_name(c.op)
+        # aten::contiguous returns its input or a copy: as a "view" of a planned buffer it would be
+        # made once at load (a stale copy); a clone is a copy on every call (what the relayout is)
+        op = "aten.clone.default" if c.op == "aten::contiguous" else op_name(c.op)
         args = [_arg(a, names) for a in c.args]
         kwargs = {k: _arg(v, names) for k, v in c.kwargs}
         if c.index is None:
