@@ -98,9 +98,7 @@ def measure(name: str, topn: int, out: Path, calls: int) -> dict:
            "tuned_share": (tactic_us + kernel_us) / latency, "load_ms": statistics.median(loads) * 1e3,
            "pack_ms": pack_s * 1e3, "steps": sum(len(v) for v in ratios.values()),
            "geomean": _geomean([r for v in ratios.values() for r in v]),
-           "by_kind": {k: (_geomean(v), len(v)) for k, v in ratios.items()},
-           "chosen": {f"{ch.kind}:{ch.candidates[u['chosen_index']].name}": 0 for ch in res.tactics.values()
-                      for u in ch.uses}}
+           "by_kind": {k: (_geomean(v), len(v)) for k, v in ratios.items()}}
     counts: dict = {}
     for ch in res.tactics.values():
         for u in ch.uses:

@@ -60,7 +60,9 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
                      f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
                      + ", ".join(f"{k} {v}" for k, v in sorted(steps.items() if isinstance(steps, dict) else [])))
     visited = sum(1 for k in m.kernels if k.visited)
-    lines.append(f"kernels  {len(m.kernels)} fused, {visited} visited by PGO")
+    gemm = sum(1 for k in m.kernels if k.name.startswith("gemm_"))  # generated GEMMs of tactic steps
+    kinds = f"{len(m.kernels) - gemm} fused" + (f" + {gemm} GEMM" if gemm else "")
+    lines.append(f"kernels  {kinds}, {visited} visited by PGO")
     for k in m.kernels:
         tag = "visited" if k.visited else "not visited (candidate 0 kept)"
         lines.append(f"  {k.name}  chosen #{k.chosen_index} key {k.kernel_key}  "
