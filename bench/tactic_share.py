@@ -14,7 +14,10 @@ Models are names of ``bench/models/*.py`` or ``examples/*.py``. Per model: build
   medians of the tuned steps account for: every use of a tactic step (its chosen median) and of
   a fused kernel with timed candidates (its winner's median), divided by the latency;
 * cold start: ``ascendc_pack_runtime.load`` of the extracted bundle (median of 3), and the time
-  of the load-stage derivations (oneDNN/MKL weight packing) of the chosen tactics run in Python.
+  of the load-stage derivations (oneDNN/MKL weight packing) of the chosen tactics run in Python;
+* with ``--against-topn1``: a ``--topn 1`` bundle too (no tactics, no PGO; same cache), then eager,
+  that bundle and the tuned one called in interleaved rounds (median of ``--calls``), and both
+  bundles' load times: the end-to-end effect and the cold-start cost of packing at load.
 
 Timings on a busy host are noisy: the script prints ``uptime`` before and after.
 """
@@ -55,7 +58,7 @@ def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def measure(name: str, topn: int, out: Path, calls: int) -> dict:
+def measure(name: str, topn: int, out: Path, calls: int, against: bool = False) -> dict:
     import ascendc_pack_runtime as rt
 
     loaded = load_model_file(_path(name))
@@ -105,7 +108,41 @@ def measure(name: str, topn: int, out: Path, calls: int) -> dict:
             key = f"{ch.kind}:{ch.candidates[u['chosen_index']].name}"
             counts[key] = counts.get(key, 0) + 1
     row["chosen"] = counts
+    if against:
+        row.update(_against_topn1(loaded, res.output, out, name, calls))
     return row
+
+
+def _against_topn1(loaded, tuned: Path, out: Path, name: str, calls: int) -> dict:
+    import ascendc_pack_runtime as rt
+
+    base = out / f"{name}.topn1.ascpack"
+    build(loaded.module, loaded.example_inputs, topn=1, output=base, cache_dir=out / f"cache_{name}", name=loaded.name,
+          output_names=loaded.output_names)
+    loads: dict[str, list] = {"topn1": [], "tuned": []}
+    for _ in range(3):
+        for k, p in (("topn1", base), ("tuned", tuned)):
+            t = time.perf_counter()
+            rt.load(p).close()
+            loads[k].append(time.perf_counter() - t)
+    m1, m4 = rt.load(base), rt.load(tuned)
+    x = [t.clone() for t in loaded.example_inputs]
+    runs = {"eager": loaded.module, "topn1": m1, "tuned": m4}
+    samples: dict[str, list] = {k: [] for k in runs}
+    with torch.no_grad():
+        for f in runs.values():
+            f(*x)
+        for _ in range(calls):
+            for k, f in runs.items():
+                t = time.perf_counter()
+                f(*x)
+                samples[k].append(time.perf_counter() - t)
+    m1.close()
+    m4.close()
+    med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    return {"eager_ms": med["eager"], "topn1_ms": med["topn1"], "tuned_ms": med["tuned"],
+            "tuned_vs_topn1": med["tuned"] / med["topn1"], "load_topn1_ms": statistics.median(loads["topn1"]) * 1e3,
+            "load_tuned_ms": statistics.median(loads["tuned"]) * 1e3}
 
 
 def _pack_seconds(res) -> float:
@@ -132,6 +169,7 @@ def main(argv=None) -> None:
     p.add_argument("--topn", type=int, default=4)
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--out", default=str(ROOT / "bench_out" / "tactic_share"))
+    p.add_argument("--against-topn1", action="store_true", help="also time a --topn 1 bundle and eager")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +177,7 @@ def main(argv=None) -> None:
     rows = []
     for name in args.models.split(","):
         try:
-            row = measure(name, args.topn, out, args.calls)
+            row = measure(name, args.topn, out, args.calls, args.against_topn1)
         except Exception as e:  # noqa: BLE001 - record and go on
             row = {"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append(row)
@@ -157,6 +195,9 @@ def main(argv=None) -> None:
         print(f"{r['model']:<20} {r['steps']:>5} {gm:>11} {r['latency_ms']:>10.2f} {r['tuned_share']:>11.0%} "
               f"{r['load_ms']:>8.1f} {r['pack_ms']:>8.1f}  "
               + ", ".join(f"{k} x{n}" for k, n in sorted(r["chosen"].items())))
+        if "tuned_ms" in r:
+            print(f"{'':<20} eager {r['eager_ms']:.2f} ms, --topn 1 {r['topn1_ms']:.2f} ms, tuned {r['tuned_ms']:.2f} ms "
+                  f"({r['tuned_vs_topn1']:.2f}x); load {r['load_topn1_ms']:.1f} -> {r['load_tuned_ms']:.1f} ms")
 
 
 if __name__ == "__main__":
