@@ -1,6 +1,6 @@
 """ascendc-pack: tune a PyTorch model's fused kernels on real inputs and ship them as one file.
 
-The pipeline (DESIGN 2): load model.py -> capture (torch.export) -> fuse -> tile -> compile ->
+The pipeline (docs/DESIGN.md §2): load model.py -> capture (torch.export) -> fuse -> tile -> compile ->
 tune (PGO) -> render C++ graph -> bundle. This package is the compiler side; the runtime that
 loads bundles is the separate package ``ascendc_pack_runtime``.
 """

@@ -1,4 +1,4 @@
-"""PGO candidate selection: time every candidate on the kernel's real arguments (DESIGN 4.4).
+"""PGO candidate selection: time every candidate on the kernel's real arguments (docs/DESIGN.md §2.5).
 
 The protocol (``Protocol``): warm every candidate up, then measure in interleaved rounds (each
 round runs every live candidate once, starting at a rotating index so no candidate always runs

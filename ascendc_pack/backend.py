@@ -22,9 +22,11 @@ from .errors import ConfigError
 if TYPE_CHECKING:  # types only: the implementations import the stages, this module must not
     import torch
 
-    from .kernels import FusedKernel
+    from ascendc_pack_runtime.manifest import Manifest
+    from ascendc_pack_runtime.manifest import Target as ManifestTarget
 
     from .compiler import CompiledKernel, KernelBuild
+    from .kernels import FusedKernel
     from .config import BuildConfig
     from .tiling import Target, Tiling
     from .verify import KernelSandbox
@@ -72,10 +74,10 @@ class Backend(Protocol):
     def sandbox(self) -> KernelSandbox:
         """An isolated launcher that verification can stop when a candidate hangs."""
 
-    def manifest_target(self, config: BuildConfig) -> dict:
-        """The manifest's ``target`` object (arch, march, ISA features, compiler)."""
+    def manifest_target(self, config: BuildConfig) -> ManifestTarget:
+        """The manifest's ``target`` (arch, march, ISA features, compiler)."""
 
-    def host_problems(self, manifest: dict) -> list[Exception]:
+    def host_problems(self, manifest: Manifest) -> list[Exception]:
         """Why this host cannot run a bundle with ``manifest`` (empty when it can)."""
 
 

@@ -13,13 +13,14 @@ from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime import bundle as runtime_bundle
+from ascendc_pack_runtime import manifest as contract
+from ascendc_pack_runtime.host import host_problems
 from ascendc_pack_runtime.kernels import KernelLibrary
 
 from . import autotune, codegen, compiler, verify
 from .compiler import CompiledKernel, KernelBuild
-from .kernels import FusedKernel
 from .config import BuildConfig
+from .kernels import FusedKernel
 from .tiling import Target, Tiling
 
 
@@ -56,10 +57,10 @@ class CpuBackend:
     def sandbox(self) -> verify.KernelSandbox:
         return verify.KernelSandbox()
 
-    def manifest_target(self, config: BuildConfig) -> dict:
+    def manifest_target(self, config: BuildConfig) -> contract.Target:
         identity = compiler.compiler_identity()
-        return {"arch": platform.machine(), "march": config.march, "isa": self.isa(config),
-                "compiler": identity.split(" ", 1)[1] if " " in identity else identity}
+        return contract.Target(platform.machine(), config.march, tuple(self.isa(config)),
+                               identity.split(" ", 1)[1] if " " in identity else identity)
 
-    def host_problems(self, manifest: dict) -> list[Exception]:
-        return list(runtime_bundle.host_problems(manifest))
+    def host_problems(self, manifest: contract.Manifest) -> list[Exception]:
+        return list(host_problems(manifest))

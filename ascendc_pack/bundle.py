@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import os
-import platform
 import tarfile
 import tempfile
 import time
@@ -39,8 +38,9 @@ from ascendc_pack_runtime.manifest import check_member_name
 
 from .cache import check_component
 from .choice import KernelChoice
-from .compiler import DEFAULT_CXX, KernelLibraryError, compiler_identity, describe_library, isa_features, package_version
+from .compiler import DEFAULT_CXX, KernelLibraryError, describe_library, package_version
 from .config import BuildConfig
+from .backend import get_backend
 from .errors import PackError
 from .kernels import kernel_uses
 from .program import ModelProgram, dtype_name
@@ -169,7 +169,7 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
 def archive_writer(dest: Path, level: int = ZSTD_LEVEL):
     """Write an ``.ascpack`` container to ``dest``: yields ``add(name, size, fileobj)``, called
     in member order (``manifest.json`` first). One zstd frame with a content checksum (the
-    runtime detects any corruption of the stream, DESIGN 4.8), normalized tar headers."""
+    runtime detects any corruption of the stream, docs/DESIGN.md §4.2), normalized tar headers."""
     import zstandard
 
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
@@ -215,7 +215,6 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
     refs: dict[str, KernelRef] = {}
     kernel_files: list[tuple[str, Path]] = []
     kernel_entries = []
-    isa = isa_features(config.march, cxx)
     for name in names:
         ch, step = choices[name], steps[name]
         cand = ch.candidate
@@ -252,7 +251,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         files = [(GRAPH_LIBRARY, graph.path), (GRAPH_SOURCE, graph.source_path), *kernel_files,
                  (WEIGHTS_FILE, weights_path), (TUNING_FILE, tuning_path)]
         members = {name: contract.Member(path.stat().st_size, _sha256(path)) for name, path in files}
-        manifest = _manifest(model, config, cxx, isa, graph_src, weight_entries, kernel_entries, members)
+        manifest = _manifest(model, config, graph_src, weight_entries, kernel_entries, members)
         manifest_bytes = manifest.dumps()
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
@@ -264,7 +263,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                         graph_src, time.perf_counter() - t0, manifest.to_json(), manifest)
 
 
-def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str], graph_src: GraphSource,
+def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
               weights: list[contract.WeightSpec], kernels: list[contract.Kernel],
               members: dict[str, contract.Member]) -> contract.Manifest:
     """The bundle's manifest (validated: the writer is held to the contract the reader checks)."""
@@ -278,14 +277,12 @@ def _manifest(model: ModelProgram, config: BuildConfig, cxx: str, isa: list[str]
     inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
-    identity = compiler_identity(cxx)
     return contract.Manifest(
         format_version=FORMAT_VERSION,
         producer=contract.Producer("ascendc-pack", package_version()),
         model_name=model.name,
         backend=config.backend,
-        target=contract.Target(platform.machine(), config.march, tuple(isa),
-                               identity.split(" ", 1)[1] if " " in identity else identity),
+        target=get_backend(config.backend).manifest_target(config),
         torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
         core_limit=config.cores,
         cores=config.effective_cores,

@@ -1,4 +1,4 @@
-"""The on-disk kernel cache (DESIGN 4.3): layout, atomic writes, the per-kernel lock, hashing.
+"""The on-disk kernel cache (docs/DESIGN.md §3.3): layout, atomic writes, the per-kernel lock, hashing.
 
 Layout of one fused kernel (``root`` is ``BuildConfig.kernel_cache_root``, i.e.
 ``<cache>/ascendc``)::

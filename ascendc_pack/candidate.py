@@ -1,4 +1,4 @@
-"""A tiling candidate and its ``kernel_key`` (DESIGN 4.3, the torch_npu recipe)."""
+"""A tiling candidate and its ``kernel_key`` (docs/DESIGN.md §3.2, the torch_npu recipe)."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ class KernelChoice:
     """The chosen candidate of one fused kernel.
 
     ``so_path`` is the winner's ``kernel.so`` in the compile cache; ``visited`` is False when
-    no run reached the kernel (then the choice is candidate 0, DESIGN 2); ``results`` lists
+    no run reached the kernel (then the choice is candidate 0, docs/DESIGN.md §2.5); ``results`` lists
     every candidate in cost-model order with its timings.
     """
 

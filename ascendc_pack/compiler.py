@@ -1,7 +1,7 @@
 """Compile stage: every tiling candidate of every fused kernel -> its own static kernel ``.so``.
 
 Entry point: :func:`compile_kernels`. For each fused kernel it takes the kernel's
-``compile.lock`` (DESIGN 4.3), reuses every candidate library already in the cache (zero compiler
+``compile.lock`` (docs/DESIGN.md §3.3), reuses every candidate library already in the cache (zero compiler
 calls on a warm cache), and compiles the rest with ``config.jobs`` g++ processes in parallel.
 A candidate that fails to compile is recorded (``CompiledCandidate.error`` and
 ``static_kernel/<kernel_key>/compile_error.txt``) and the build goes on.
@@ -161,7 +161,7 @@ class CompileCounts:
 
 
 def compile_flags(march: str) -> list[str]:
-    """g++ flags of every kernel library (no ``-ffast-math``: it breaks -inf/NaN, DESIGN 6;
+    """g++ flags of every kernel library (no ``-ffast-math``: it breaks -inf/NaN, docs/DESIGN.md §8;
     ``-fopenmp`` binds kernels to the libgomp torch already loaded)."""
     return ["-O3", *target_flags(march), "-std=c++17", "-fPIC", "-shared", "-fopenmp",
             "-fno-math-errno", "-fno-trapping-math", "-fno-plt", f"-I{runtime_include_dir()}"]
@@ -176,7 +176,7 @@ def _hashed_flags(march: str) -> str:
 
 def artifact_hash(spec_text: str, template_version: str, core_limit: int | None, march: str,
                   cxx: str = DEFAULT_CXX) -> str:
-    """The cache key of a fused kernel's directory (DESIGN 4.3): sha256 over the kernel spec
+    """The cache key of a fused kernel's directory (docs/DESIGN.md §3.3): sha256 over the kernel spec
     text, template version, compiler identity, compile flags (with the runtime headers'
     content), ISA features, core limit and the ascendc_pack version. ``core_limit=None`` (no
     limit) hashes as "all cores of this host" so hosts with different core counts don't share

@@ -1,4 +1,4 @@
-"""Build settings in one typed place (DESIGN 4.2).
+"""Build settings in one typed place (docs/DESIGN.md §1.3).
 
 Every setting has a CLI/API value, an environment variable compatible with torch_npu's ascendc
 backend, and a default. :meth:`BuildConfig.resolve` applies the precedence

@@ -13,7 +13,7 @@ class PackError(Exception):
 
 
 class ModelFileError(PackError):
-    """The model file cannot be loaded or does not follow the model.py contract (DESIGN 4.1)."""
+    """The model file cannot be loaded or does not follow the model.py contract (docs/DESIGN.md §2.1)."""
 
 
 class ConfigError(PackError, ValueError):

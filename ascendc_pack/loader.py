@@ -1,4 +1,4 @@
-"""Load a user's model.py (DESIGN 4.1) into a module and its example/calibration inputs.
+"""Load a user's model.py (docs/DESIGN.md §2.1) into a module and its example/calibration inputs.
 
 A model file defines ``get_model()`` (or a module attribute ``model``) returning an
 ``nn.Module`` and ``get_example_inputs()`` (or ``example_inputs``) returning a tuple of
@@ -99,7 +99,7 @@ def _import_file(path: Path):
     if spec is None or spec.loader is None:
         raise ModelFileError(f"{path}: cannot be imported as a Python module. Pass a model.py file.")
     module = importlib.util.module_from_spec(spec)
-    # torch.export of torch.cond models needs the module registered (DESIGN 6).
+    # torch.export of torch.cond models needs the module registered (docs/DESIGN.md §8).
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)

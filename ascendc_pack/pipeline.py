@@ -1,4 +1,4 @@
-"""The whole pipeline in order, one call per stage (DESIGN 2).
+"""The whole pipeline in order, one call per stage (docs/DESIGN.md §2).
 
 load model.py -> capture -> fuse -> tile/render/compile -> tune (PGO) -> render graph + bundle.
 """
@@ -154,7 +154,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
           march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
           protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
           output_names: list[str] | None = None) -> BuildResult:
-    """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, DESIGN 2).
+    """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, docs/DESIGN.md §2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
     kernels no run reached keep candidate 0 and are reported unvisited. Each candidate is

@@ -1,4 +1,4 @@
-"""Render stage: a fused Program plus the chosen kernels -> graph.cpp -> graph.so (DESIGN 4.6).
+"""Render stage: a fused Program plus the chosen kernels -> graph.cpp -> graph.so (docs/DESIGN.md §2.6).
 
 The public entry of the graph stage, in three parts:
 

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import signal
 import shlex
@@ -28,6 +27,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
+
+from ascendc_pack_runtime.constants import VERSION
 
 from .cache import temp_path_for
 from .errors import CompileError, ConfigError
@@ -94,16 +95,10 @@ def torch_identity() -> str:
 
 
 def package_version() -> str:
-    """``ascendc_pack.__version__``, else the installed distribution's version, else "0.0.0"."""
-    import ascendc_pack
-
-    version = getattr(ascendc_pack, "__version__", None)
-    if version:
-        return str(version)
-    try:
-        return importlib.metadata.version("ascendc-pack")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.0.0"
+    """The version of ``ascendc_pack`` (and of the runtime and the distribution): the one
+    definition, ``ascendc_pack_runtime.constants.VERSION`` (read there, not from the package
+    ``__init__``, which imports this module's users: docs/DESIGN.md §1.2, no import cycle)."""
+    return VERSION
 
 
 # ----------------------------------------------------------------------------- the compiler

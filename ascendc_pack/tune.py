@@ -1,4 +1,4 @@
-"""Tune: the Python-mode module and the tuning cache (DESIGN 4.3-4.4, stage 5 of the pipeline).
+"""Tune: the Python-mode module and the tuning cache (docs/DESIGN.md §2.5, §3.4).
 
 :class:`PythonModeModule` runs the fused Program in Python: ATen steps through torch, fused
 kernels through their compiled libraries (ctypes), ``cond`` by evaluating the predicate. A
@@ -286,7 +286,7 @@ class PythonModeModule:
             self.log_progress(kc.name)
 
     def _record(self, state: _State, sel, errors: list[str | None], verdicts: list) -> None:
-        """Results per candidate, the log lines of DESIGN 4.4, and the choice or the fallback."""
+        """Results per candidate, the log lines of docs/DESIGN.md §2.5, and the choice or the fallback."""
         kc = state.kernel
         kd = kc.compiled.kernel_dir
         state.results = []

@@ -141,7 +141,7 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
         "(warm) cache. One build each: build times carry the load of the moment (shown per model).",
         "- " + ("All contenders ran in this one process." if cfg.get("same_process") else
                 "Every contender runs in its own worker process, so ONNX Runtime's thread pool, Inductor's and "
-                "libgomp's threads and the allocator state of one contender cannot slow another (DESIGN §6). "
+                "libgomp's threads and the allocator state of one contender cannot slow another (docs/DESIGN.md §8). "
                 "Only one worker runs at a time; the others block on a pipe."),
         f"- {cfg.get('repeat')} interleaved rounds (order rotated each round, 20 ms pause between samples). A "
         f"sample is as many back-to-back calls as fill about {cfg.get('sample_ms'):.0f} ms, each call timed on "

@@ -167,7 +167,7 @@ def io_names(bundle: Path) -> tuple[str, str]:
     from ascendc_pack_runtime import read_manifest
 
     m = read_manifest(bundle)
-    return m["inputs"][0]["name"], m["outputs"][0]["name"]
+    return m.inputs[0].name, m.outputs[0].name
 
 
 def infer(client, model: str, name_in: str, name_out: str, x: np.ndarray, binary: bool, version: str = ""):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import platform
+from types import SimpleNamespace
 
 import pytest
 import torch
+from ascendc_pack_runtime.errors import BackendUnavailableError
+from ascendc_pack_runtime.manifest import TorchBuild
 
 from ascendc_pack import backend as backend_mod
 from ascendc_pack.backend import BACKENDS, Backend, get_backend
@@ -15,7 +18,6 @@ from ascendc_pack.compiler import CompileCounts
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import ConfigError
 from ascendc_pack.verify import KernelSandbox
-from ascendc_pack_runtime.errors import BackendUnavailableError
 
 from .kernel_check import Fn
 
@@ -74,10 +76,11 @@ def test_cpu_backend_renders_compiles_launches_and_times_a_kernel(tmp_path):
 def test_cpu_manifest_target_and_host_check(tmp_path):
     cpu = get_backend("cpu")
     target = cpu.manifest_target(BuildConfig(cache_dir=tmp_path))
-    assert target["arch"] == platform.machine() and target["march"] == "native" and target["compiler"]
-    assert target["isa"] == cpu.isa(BuildConfig(cache_dir=tmp_path))
-    manifest = {"backend": "cpu", "target": target,
-                "torch": {"version": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)}}
+    assert target.arch == platform.machine() and target.march == "native" and target.compiler
+    assert list(target.isa) == cpu.isa(BuildConfig(cache_dir=tmp_path))
+    # the parts of a Manifest the host check reads
+    manifest = SimpleNamespace(backend="cpu", target=target,
+                               torch=TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)))
     assert cpu.host_problems(manifest) == []
-    problems = cpu.host_problems({**manifest, "backend": "npu"})
+    problems = cpu.host_problems(SimpleNamespace(**{**vars(manifest), "backend": "npu"}))
     assert len(problems) == 1 and isinstance(problems[0], BackendUnavailableError)

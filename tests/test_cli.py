@@ -44,10 +44,10 @@ def test_capture_bad_file_is_a_clean_error(tmp_path):
 
 
 def test_build_reports_every_stage_and_per_stage_seconds(tmp_path):
+    from ascendc_pack_runtime import read_manifest
+
     from ascendc_pack.backend import get_backend
     from ascendc_pack.config import BuildConfig
-
-    from .bundle_fixtures import manifest_of
 
     out = tmp_path / "add_sum.ascpack"
     args = ["build", str(EXAMPLES / "add_sum.py"), "--topn", "2", "--cache-dir", str(tmp_path / "c"), "-o", str(out)]
@@ -62,10 +62,10 @@ def test_build_reports_every_stage_and_per_stage_seconds(tmp_path):
     for stage in ("capture", "fuse", "compile", "tune", "graph compile", "bundle"):
         assert f"{stage} " in summary and " s" in summary
     assert "2 candidate compiles, 0 cached, 0 failed; 1 kernels profiled, 0 candidates disqualified" in summary
-    manifest = manifest_of(out)
-    backend = get_backend(manifest["backend"])
-    assert manifest["backend"] == "cpu" == backend.name
-    assert manifest["target"] == backend.manifest_target(BuildConfig(cache_dir=tmp_path / "c"))
+    manifest = read_manifest(out)
+    backend = get_backend(manifest.backend)
+    assert manifest.backend == "cpu" == backend.name
+    assert manifest.target == backend.manifest_target(BuildConfig(cache_dir=tmp_path / "c"))
     assert backend.host_problems(manifest) == []
     # warm: everything from the cache
     again = CliRunner().invoke(main, args)

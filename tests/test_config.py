@@ -1,4 +1,4 @@
-"""BuildConfig: every setting's rules, messages and precedence (DESIGN 4.2)."""
+"""BuildConfig: every setting's rules, messages and precedence (docs/DESIGN.md §1.3)."""
 
 from __future__ import annotations
 

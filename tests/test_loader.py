@@ -1,4 +1,4 @@
-"""model.py loading (DESIGN 4.1): the contract and every error message."""
+"""model.py loading (docs/DESIGN.md §2.1): the contract and every error message."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_calibration_mismatch(write_model, calib, expected):
 
 
 def test_model_file_is_registered_for_torch_cond(write_model):
-    # torch.export of torch.cond models needs the module in sys.modules (DESIGN 6).
+    # torch.export of torch.cond models needs the module in sys.modules (docs/DESIGN.md §8).
     import sys
 
     lm = load_model_file(write_model(GOOD))

@@ -65,8 +65,8 @@ def test_health_and_metadata(servers, bundles, name):
         manifest = read_manifest(bundles[name][0])
         mm = c.get_model_metadata(name)
         assert mm["name"] == name and mm["versions"] == ["1"] and mm["platform"] == "ascendc-pack_cpu"
-        assert mm["inputs"] == [{"name": d["name"], "datatype": "FP32", "shape": d["shape"]} for d in manifest["inputs"]]
-        assert mm["outputs"] == [{"name": d["name"], "datatype": "FP32", "shape": d["shape"]} for d in manifest["outputs"]]
+        assert mm["inputs"] == [{"name": d.name, "datatype": "FP32", "shape": list(d.shape)} for d in manifest.inputs]
+        assert mm["outputs"] == [{"name": d.name, "datatype": "FP32", "shape": list(d.shape)} for d in manifest.outputs]
     finally:
         c.close()
 

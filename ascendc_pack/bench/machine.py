@@ -70,7 +70,7 @@ def machine_info() -> dict:
     except OSError:
         pass
     for dist in ("onnxruntime", "onnx", "onnxscript", "torchvision", "timm", "transformers"):
-        try:  # the installed version, without importing (torchvision's import can fail, DESIGN 6)
+        try:  # the installed version, without importing (torchvision's import can fail, docs/DESIGN.md §8)
             info[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             info[dist] = None

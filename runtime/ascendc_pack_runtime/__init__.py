@@ -24,7 +24,7 @@ def include_dir() -> Path:
     return Path(str(resources.files("ascendc_pack_runtime.include")))
 
 
-# --- bundle loading (DESIGN 4.8) -------------------------------------------------------------
+# --- bundle loading (docs/DESIGN.md §4.1) ---------------------------------------------------
 from .errors import *  # noqa: E402,F401,F403  (every error class: errors.__all__)
 from .errors import __all__ as _error_names  # noqa: E402
 from . import bundle  # noqa: E402,F401  (``ascendc_pack_runtime.bundle`` keeps its public names)

@@ -1,4 +1,4 @@
-"""Load static kernel libraries (DESIGN 4.5) and launch them on torch tensors via ctypes.
+"""Load static kernel libraries (docs/DESIGN.md §3.5) and launch them on torch tensors via ctypes.
 
 A kernel library describes itself (``ap_kernel_describe``); :class:`KernelLibrary` checks the
 description against what the caller expects before the kernel is ever launched.

@@ -225,7 +225,7 @@ class Graph:
 
 
 def kernel_key_of(tiling_repr: str, workspace: int, block_dim: int) -> str:
-    """``md5("<tiling_repr>|<workspace>|<block_dim>")`` hex: the torch_npu recipe (DESIGN 4.3)."""
+    """``md5("<tiling_repr>|<workspace>|<block_dim>")`` hex: the torch_npu recipe (docs/DESIGN.md §3.2)."""
     return hashlib.md5(f"{tiling_repr}|{workspace}|{block_dim}".encode()).hexdigest()
 
 

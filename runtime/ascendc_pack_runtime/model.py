@@ -1,4 +1,4 @@
-"""Load a verified bundle and call it like the eager model (DESIGN 4.8).
+"""Load a verified bundle and call it like the eager model (docs/DESIGN.md §4.1).
 
 :func:`load` verifies and extracts the bundle (:mod:`.bundle`), maps ``weights.bin`` without
 copying (a private, copy-on-write ``mmap``), loads ``graph.so`` (it registers the operators

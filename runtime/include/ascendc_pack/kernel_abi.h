@@ -1,4 +1,4 @@
-// Static kernel ABI (DESIGN 4.5): one shared library per tiling candidate.
+// Static kernel ABI (docs/DESIGN.md §3.5): one shared library per tiling candidate.
 //
 // A kernel library has C linkage, no torch headers, and its tiling compiled in as constants.
 // It describes itself through ap_kernel_describe() so a loader can check that it is the file a
