@@ -231,3 +231,36 @@ def get_example_inputs():
     torch.set_num_threads(2)
     (out,) = _eager_runner_factory(str(path), 1)()(torch.zeros(2))
     assert out.tolist() == [1.0, 1.0] and torch.get_num_threads() == 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="counts threads in /proc")
+def test_cpp_load_options_threads_cap_the_kernels(wide, tmp_path_factory, tmp_path):
+    """The C++ API (LoadOptions::threads) through examples/cpp/run_bundle --threads N."""
+    import shutil
+
+    import numpy as np
+
+    from ascendc_pack_runtime.bundle import open_bundle
+
+    from .runtime_fixtures import run_bundle_binary
+
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("needs g++")
+    binary = run_bundle_binary(tmp_path_factory)
+    built, _ = wide
+    directory = open_bundle(built.bundle, cache_dir=tmp_path / "cache").directory
+    x = torch.randn(2048, 1024)
+    x.numpy().tofile(tmp_path / "in0.bin")
+    process = {}
+    for cap in (1, 2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASCENDC_PACK_RUNTIME_")}
+        proc = subprocess.run([str(binary), str(directory), "--inputs", str(tmp_path / "in"), "--outputs",
+                               str(tmp_path / f"out{cap}_"), "--repeat", "3", "--threads", str(cap)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        m = re.search(r"threads: cap (\d+), process (\d+)", proc.stdout)
+        assert m and int(m.group(1)) == cap, proc.stdout
+        process[cap] = int(m.group(2))
+        out = torch.from_numpy(np.fromfile(tmp_path / f"out{cap}_0.bin", dtype=np.float32).reshape(2048, 1024))
+        torch.testing.assert_close(out, torch.softmax(x * 2, -1))
+    assert process[1] < process[2], process   # capped at 1: the kernel never started an OpenMP worker

@@ -14,7 +14,8 @@
 // against those CPU flags instead of this host's /proc/cpuinfo (LoadOptions::host_cpu_flags).
 // --trusted-key (repeatable; ed25519:<hex> or a .pub file) sets LoadOptions::trusted_keys: the
 // bundle must be signed by one of them. --threads N sets LoadOptions::threads (every call uses at
-// most N threads) and prints the process's thread count after the calls.
+// most N threads) and at::set_num_threads(N) for the rest of the program, and prints the
+// process's thread count after the calls.
 // Exit status: 0 ok, 2 the bundle was refused (ascendc_pack::BundleError), 3 bad inputs.
 #include <ascendc_pack/runtime.hpp>
 
@@ -83,6 +84,8 @@ int main(int argc, char** argv) {
     } else if (a == "--threads" && i + 1 < argc) options.threads = std::atoi(argv[++i]);
     else { std::cerr << "unknown argument " << a << "\n"; return 1; }
   }
+  // the cap covers this program's own tensor work too (preparing inputs), not only the calls
+  if (options.threads > 0) at::set_num_threads(options.threads);
   try {
     auto t0 = std::chrono::steady_clock::now();
     auto model = ascendc_pack::Model::load(dir, options);

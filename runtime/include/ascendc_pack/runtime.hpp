@@ -29,6 +29,7 @@
 #define ASCENDC_PACK_RUNTIME_HPP
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/headeronly/version.h>
 
