@@ -28,7 +28,7 @@ from .extract import Extracted, check_libraries, open_bundle
 from .manifest import IOSpec, Manifest
 from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
-from .threads import check_threads, intra_op_threads
+from .threads import check_threads
 
 _LOAD_LOCK = threading.Lock()
 
@@ -192,9 +192,14 @@ class Model:
 
     def run_flat(self, *inputs) -> list[torch.Tensor]:
         """Call the graph and return its outputs flat (the order of ``output_specs``)."""
-        if self.threads is not None and torch.get_num_threads() != self.threads:
-            with intra_op_threads(self.threads):
-                return self._run_flat(inputs)
+        if self.threads is not None:  # torch's intra-op threads on this thread, for this call
+            before = torch.get_num_threads()
+            if before != self.threads:
+                torch.set_num_threads(self.threads)
+                try:
+                    return self._run_flat(inputs)
+                finally:
+                    torch.set_num_threads(before)
         return self._run_flat(inputs)
 
     def _run_flat(self, inputs: tuple) -> list[torch.Tensor]:
