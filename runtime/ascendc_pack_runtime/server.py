@@ -126,10 +126,11 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     server.servers.append(rest.start())
     threading.Thread(target=load_in_background, name="ascpack-load", daemon=True).start()
     server.register_signal_handler()
-    logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s) of %s thread(s), body limit %d bytes, "
+    logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), %s, body limit %d bytes, "
                 "header/body timeouts %g/%g s, concurrency limit %d); %s", bundle, model.name, options.host,
-                options.port, options.workers, threads or "all", limits.max_body_bytes, limits.header_timeout_s,
-                limits.body_timeout_s, options.limit_concurrency, WAIT_POLICY.describe())
+                options.port, options.workers, f"at most {threads} thread(s) each" if threads else "no thread cap",
+                limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s, options.limit_concurrency,
+                WAIT_POLICY.describe())
     try:
         asyncio.run(server._serve())
     finally:
