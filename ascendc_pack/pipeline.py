@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .capture import Captured, capture
+from .capture_cache import capture_cached
 from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
 from .errors import PackError, VerificationError
 from .executor import run_model
@@ -113,8 +114,11 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     from .progress import Progress
 
     progress = progress or Progress(enabled=False)
-    with progress.stage("capture"):
-        captured = capture(module, _clone(example_inputs), name=name, output_names=output_names)
+    with progress.stage("capture") as st:
+        captured, hit = capture_cached(module, _clone(example_inputs), name=name, cache_dir=config.cache_dir,
+                                       output_names=output_names)
+        if hit:
+            st.note("reused from the capture cache")
     with progress.stage("fuse"):
         fused = fuse(captured.model)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
@@ -179,6 +183,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     from .bundle import build_bundle
     from .config import BuildConfig
     from .progress import Progress
+    from .render import start_graph_runtime
     from .tune import PythonModeModule, inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
@@ -188,8 +193,13 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
     if out.is_dir():
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
+    interpreter = start_graph_runtime(config)  # model-independent: compiles while capture and kernels do
     captured, fused, kernels, _ = prepare(model, example_inputs, name=name, config=config, progress=progress,
                                           output_names=output_names)
+    if not interpreter.done():  # never compile while PGO times candidates
+        with progress.stage("graph_runtime", label="graph interpreter"):
+            interpreter.result()
+    interpreter.result()
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
     pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
                           backend=get_backend(config.backend))
