@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .capture import Captured, capture
+from .capture_cache import capture_cached
 from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
 from .errors import PackError, VerificationError
 from .executor import run_model
@@ -133,13 +134,15 @@ def verification_table(checks: list) -> str:
 
 def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", config=None, progress=None,
             output_names: list[str] | None = None, input_sets=None, protocol=None,
-            tactics: bool = True) -> Prepared:
+            tactics: bool = True, before_tuning=None) -> Prepared:
     """capture -> fold -> tactics -> fuse -> tile/render/compile (see :class:`Prepared`).
 
     With ``tactics`` the heavy steps become tactic steps; with ``input_sets`` (input tuples) and
     ``config.topn`` > 1 their candidates are verified and timed on those inputs (PGO) and the
     choices applied before fusion; without, every heavy step stays ATen as captured.
-    ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent).
+    ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent);
+    ``before_tuning``: called before the tactics are timed (the build waits there for the graph
+    interpreter compiling in the background).
     """
     from .fold import fold_constants
     from .fuse import fuse
@@ -147,13 +150,16 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     from .progress import Progress
 
     progress = progress or Progress(enabled=False)
-    with progress.stage("capture"):
-        captured = capture(module, _clone(example_inputs), name=name, output_names=output_names)
+    with progress.stage("capture") as st:
+        captured, hit = capture_cached(module, _clone(example_inputs), name=name, cache_dir=config.cache_dir,
+                                       output_names=output_names)
+        if hit:
+            st.note("reused from the capture cache")
         folded = fold_constants(captured.model, captured.weights)
         captured = Captured(folded.model, folded.weights)
     choices, counts = {}, (0, 0)
     if tactics:
-        captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol)
+        captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol, before_tuning)
     with progress.stage("fuse"):
         fused = fuse(captured.model)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
@@ -161,7 +167,7 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     return Prepared(captured, fused, kernels, choices, dict(progress.seconds), *counts)
 
 
-def _tactics(captured: Captured, config, progress, input_sets, protocol):
+def _tactics(captured: Captured, config, progress, input_sets, protocol, before_tuning=None):
     """Tactic pass, PGO of the tactic steps on ``input_sets``, lowering of the choices."""
     from .autotune import Protocol
     from .tactic_lower import lower_tactics, propagate_layouts
@@ -174,6 +180,8 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol):
     tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol())
     with progress.stage("compile", total=tuner.compile_total()) as st:  # GEMM tilings, epilogue kernels
         tuner.compile(st.advance)
+    if before_tuning is not None:
+        before_tuning()
     try:  # a warm cache times nothing, but the runs still say which steps the inputs reach
         with progress.stage("tactics", total=tuner.pending(), label="tune tactics") as st:
             done = tuner.pending()
@@ -248,6 +256,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     from .bundle import build_bundle
     from .config import BuildConfig
     from .progress import Progress
+    from .render import start_graph_runtime
     from .tune import PythonModeModule, inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
@@ -257,9 +266,18 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
     if out.is_dir():
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
+    interpreter = start_graph_runtime(config)  # model-independent: compiles while capture and kernels do
+
+    def wait_for_interpreter():  # never compile while PGO times candidates (tactics, then kernels)
+        if not interpreter.done():
+            with progress.stage("graph_runtime", label="graph interpreter"):
+                interpreter.result()
+        interpreter.result()
+
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
     prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
-                   input_sets=input_sets, protocol=protocol, tactics=tactics)
+                   input_sets=input_sets, protocol=protocol, tactics=tactics, before_tuning=wait_for_interpreter)
+    wait_for_interpreter()
     captured, fused, kernels = prep.captured, prep.fused, prep.kernels
     pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
                           backend=get_backend(config.backend))

@@ -35,9 +35,14 @@ class Stage:
         self.done = 0
         self.start = progress.clock()
         self._last_line = (0.0, -1)  # (time, decile) of the last plain line
+        self.remark = ""
 
     def elapsed(self) -> float:
         return self.progress.clock() - self.start
+
+    def note(self, remark: str) -> None:
+        """A remark shown with the stage's final line (e.g. "reused from the capture cache")."""
+        self.remark = remark
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more units done (candidates compiled, kernels tuned)."""
@@ -135,7 +140,8 @@ class Progress:
         if not self.enabled:
             return
         count = f" {self._count(st)}" if st.total is not None else ""
-        line = f"{st.label}{count} {outcome} in {st.elapsed():.1f} s"
+        remark = f" ({st.remark})" if st.remark else ""
+        line = f"{st.label}{count} {outcome} in {st.elapsed():.1f} s{remark}"
         self._write(f"\r\x1b[K{line}\n" if self.interactive else f"{line}\n")
 
     def _write(self, text: str) -> None:

@@ -9,7 +9,7 @@
 // copies the template, drops in the tensors and calls the kernel), fused kernels are static
 // kernel libraries (ascendc_pack/kernel_abi.h) found relative to the bundle root and checked
 // against the kernel_key baked into graph.cpp, torch.cond is a branch. It registers the
-// operators <ns>::{init, run, release, signature}; `ns` comes from graph.cpp.
+// operators <ns>::{init, run, release, signature, set_threads}; `ns` comes from graph.cpp.
 #ifndef ASCENDC_PACK_GRAPH_INTERP_H_
 #define ASCENDC_PACK_GRAPH_INTERP_H_
 
@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -200,8 +201,8 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
   return k;
 }
 
-inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws) {
-  int rc = k.launch(ins, outs, ws, 0);
+inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws, int32_t max_threads) {
+  int rc = k.launch(ins, outs, ws, max_threads);
   if (rc != 0)
     fail(std::string("fused kernel ") + k.spec->name + " (kernel_key " + k.spec->kernel_key +
          ") failed with status " + std::to_string(rc));
@@ -252,6 +253,7 @@ struct State {
   std::vector<at::Tensor> t;      // static tensors: planned buffers and views of static tensors
   std::vector<Op> ops;
   std::vector<Kernel> kernels;
+  int32_t max_threads = 0;        // every fused kernel's thread cap (set_threads); 0: its block_dim
   ~State() {
     for (auto& k : kernels)
       if (k.handle) dlclose(k.handle);
@@ -348,7 +350,7 @@ void launch_kernel(const ap_insn& x, Frame& f) {
   for (int32_t k = 0; k < x.nrefs; ++k) ptrs.push_back(f[x.refs[k]].data_ptr());
   ptrs.push_back(nullptr);  // never an empty array
   void* ws = x.src.space == AP_NOWHERE ? nullptr : f[x.src].data_ptr();
-  launch(f.S.kernels[x.a], ptrs.data(), ptrs.data() + x.b, ws);
+  launch(f.S.kernels[x.a], ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
 }
 
 void exec(const ap_insn* code, int32_t n, Frame& f) {
@@ -442,11 +444,21 @@ void graph_release(int64_t handle) {
 
 std::string graph_signature() { return G.signature; }
 
+// Cap the threads of every fused kernel of this graph state (the kernel ABI's max_threads);
+// threads <= 0 lifts the cap (each kernel uses its tuned block_dim). ATen steps follow the
+// calling thread's intra-op setting (at::set_num_threads), which the runtime sets per call.
+void graph_set_threads(int64_t handle, int64_t threads) {
+  auto holder = get_state(handle);
+  std::lock_guard<std::mutex> lock(holder->mu);
+  holder->max_threads = threads > 0 ? int32_t(std::min<int64_t>(threads, 1 << 20)) : 0;
+}
+
 void define_ops(torch::Library& m) {
   m.def("init(Tensor[] weights, str root) -> int", &graph_init);
   m.def("run(int handle, Tensor[] inputs) -> Tensor[]", &graph_run);
   m.def("release(int handle) -> ()", &graph_release);
   m.def("signature() -> str", &graph_signature);
+  m.def("set_threads(int handle, int threads) -> ()", &graph_set_threads);
 }
 
 // TORCH_LIBRARY with the namespace graph.cpp names (ap_graph_program is constant-initialized,
