@@ -17,7 +17,6 @@ for (a relayout copy when the layout differs, a run-time check when it was only 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides, significant_strides
 
