@@ -48,6 +48,7 @@ from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph, weight_layout
+from .tactic_report import gemm_libraries, manifest_tactics, tuning_tactics
 
 ZSTD_LEVEL = 6
 TUNING_FORMAT = "ascpack-tuning"
@@ -139,7 +140,7 @@ def _candidates(choice: KernelChoice) -> tuple[contract.Candidate, ...]:
 
 
 def _tuning_json(model: ModelProgram, choices: dict[str, KernelChoice], names: list[str],
-                 config: BuildConfig) -> str:
+                 config: BuildConfig, tactics: dict | None = None) -> str:
     kernels = []
     for name in names:
         ch = choices[name]
@@ -151,6 +152,8 @@ def _tuning_json(model: ModelProgram, choices: dict[str, KernelChoice], names: l
         })
     doc = {"format": TUNING_FORMAT, "version": 1, "model": model.name, "topn": config.topn,
            "kernels": kernels}
+    if tactics:
+        doc["tactics"] = tuning_tactics(tactics, lambda text: _sanitize(text, config))
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -191,11 +194,13 @@ def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Pat
 
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
                  output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
-                 zstd_level: int = ZSTD_LEVEL) -> BundleReport:
+                 zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None) -> BundleReport:
     """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
 
     ``model`` is the fused program, ``weights`` its weight tensors by program input name,
-    ``choices`` the tuned winner of every fused kernel (by kernel name).
+    ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
+    of every tactic step (:class:`~ascendc_pack.tactic_tune.TacticChoice` by step name; their
+    choices are already applied to ``model``).
     Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
     """
     t0 = time.perf_counter()
@@ -212,13 +217,16 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                "candidate 0 of) every fused kernel of the program")
     names = sorted(steps)
     uses = kernel_uses(model.program)  # identical kernels share one entry and one library
+    libs = [(name, choices[name].candidate, choices[name].so_path, len(steps[name].kernel.inputs),
+             len(steps[name].kernel.outputs), bool(choices[name].visited), choices[name].chosen_index,
+             _candidates(choices[name]), tuple(uses[name])) for name in names]
+    libs += [(name, g["candidate"], g["so_path"], g["n_inputs"], 1, bool(g["visited"]), g["chosen_index"],
+              g["candidates"], tuple(g["uses"])) for name, g in gemm_libraries(model.program, tactics or {}).items()]
     refs: dict[str, KernelRef] = {}
     kernel_files: list[tuple[str, Path]] = []
     kernel_entries = []
-    for name in names:
-        ch, step = choices[name], steps[name]
-        cand = ch.candidate
-        so = Path(ch.so_path)
+    for name, cand, so, n_in, n_out, visited, chosen, cands, kernel_use in libs:
+        so = Path(so)
         if not so.is_file():
             raise BundleWriteError(f"kernel {name}: the chosen library {so} does not exist; rebuild (the "
                                    "kernel cache was cleared after tuning)")
@@ -231,12 +239,10 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                    f"block_dim {info['block_dim']}, the choice says {cand.workspace} / "
                                    f"{cand.block_dim}; rebuild")
         member = kernel_member(name, cand.kernel_key)
-        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, len(step.kernel.inputs),
-                               len(step.kernel.outputs))
+        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, n_in, n_out)
         kernel_files.append((member, so))
         kernel_entries.append(contract.Kernel(name, cand.kernel_key, cand.tiling_repr, cand.workspace,
-                                              cand.block_dim, member, bool(ch.visited), ch.chosen_index,
-                                              _candidates(ch), tuple(uses[name])))
+                                              cand.block_dim, member, visited, chosen, cands, kernel_use))
 
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:
@@ -246,12 +252,13 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         graph_src = render_graph(model, refs, layouts)
         graph = compile_graph(graph_src, config, cxx)
         tuning_path = staging / TUNING_FILE
-        tuning_path.write_text(_tuning_json(model, choices, names, config))
+        tuning_path.write_text(_tuning_json(model, choices, names, config, tactics))
 
         files = [(GRAPH_LIBRARY, graph.path), (GRAPH_SOURCE, graph.source_path), *kernel_files,
                  (WEIGHTS_FILE, weights_path), (TUNING_FILE, tuning_path)]
         members = {name: contract.Member(path.stat().st_size, _sha256(path)) for name, path in files}
-        manifest = _manifest(model, config, graph_src, weight_entries, kernel_entries, members)
+        manifest = _manifest(model, config, graph_src, weight_entries, kernel_entries, members,
+                             manifest_tactics(tactics) if tactics else None)
         manifest_bytes = manifest.dumps()
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
@@ -265,7 +272,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
 
 def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
               weights: list[contract.WeightSpec], kernels: list[contract.Kernel],
-              members: dict[str, contract.Member]) -> contract.Manifest:
+              members: dict[str, contract.Member], tactics=None) -> contract.Manifest:
     """The bundle's manifest (validated: the writer is held to the contract the reader checks)."""
     p = model.program
     mutated_values = {v: k for k, v in model.mutations.items()}
@@ -294,10 +301,12 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
         out_spec=plain_treespec(model.out_tree),
         weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
         graph=contract.Graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src.namespace, GRAPH_ABI_VERSION,
-                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats),
+                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
+                             dict(graph_src.aten_ops)),
         kernels=tuple(kernels),
         members=members,
         out_tree=model.out_tree,
+        tactics=tactics,
     ).validate()
 
 

@@ -185,36 +185,44 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, content
               help="Seconds an idle kept-alive connection stays open (behind a proxy: above the proxy's idle timeout).")
 @click.option("--limit-concurrency", default=64, show_default=True, type=click.IntRange(1),
               help="Connections plus requests in flight; beyond it the server answers 503.")
+@click.option("--threads", default=None, type=POSITIVE_INT,
+              help="Thread cap of each instance's calls: fused kernels and torch's intra-op threads (default: none for one worker, torch's threads // workers for several).")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
 def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
-          limit_concurrency, eager_model):
+          limit_concurrency, threads, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
     HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
+    OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE unless you set
+    OMP_WAIT_POLICY or GOMP_SPINCOUNT): see the README's runtime threading section.
     """
     from ascendc_pack_runtime.errors import BundleError
     from ascendc_pack_runtime.server import ServeOptions, serve as serve_bundle
+    from ascendc_pack_runtime.threads import per_instance_threads
 
     factory = None
     try:
-        options = ServeOptions(host=host, port=port, workers=workers, access_log=access_log,
+        options = ServeOptions(host=host, port=port, workers=workers, threads=threads, access_log=access_log,
                                max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
                                header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                                keep_alive_s=keep_alive, limit_concurrency=limit_concurrency)
         if eager_model is not None:
-            factory = _eager_runner_factory(eager_model)
+            factory = _eager_runner_factory(eager_model, per_instance_threads(workers, threads))
         serve_bundle(bundle, options, name=name, runner_factory=factory,
                      platform="pytorch_eager" if eager_model else None)
     except (BundleError, PackError, ValueError, ImportError) as exc:
         _fail(exc)
 
 
-def _eager_runner_factory(model_file: str):
-    """Runners that call the eager module of MODEL_FILE (one module shared: eval, no_grad)."""
+def _eager_runner_factory(model_file: str, threads: int | None = None):
+    """Runners that call the eager module of MODEL_FILE (one module shared: eval, no_grad), with
+    the bundle's thread cap on torch's intra-op threads."""
     import torch
     from torch.utils import _pytree as pytree
+
+    from ascendc_pack_runtime.threads import intra_op_threads
 
     from .loader import load_model_file
 
@@ -222,7 +230,7 @@ def _eager_runner_factory(model_file: str):
 
     def make():
         def run(*inputs):
-            with torch.no_grad():
+            with torch.no_grad(), intra_op_threads(threads):
                 return pytree.tree_leaves(module(*inputs))
         return run
 
@@ -292,14 +300,25 @@ def verify(bundle: str, trusted_keys: tuple[str, ...]) -> None:
 @click.option("--repeat", default=20, show_default=True, type=int, help="Timed calls.")
 @click.option("--warmup", default=1, show_default=True, type=int, help="Untimed calls first.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
-def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, warmup: int, seed: int) -> None:
+@click.option("--threads", default=None, type=POSITIVE_INT,
+              help="Cap every call at N threads: the fused kernels and torch's intra-op threads (default: no cap).")
+@click.option("--check", "check_file", default=None, metavar="MODEL.py", type=click.Path(dir_okay=False),
+              help="Compare the outputs with MODEL.py's eager module on the same inputs; exit 1 on a mismatch.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of --check (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of --check (default: per dtype).")
+@click.option("--save-outputs", default=None, metavar="F.npz", type=click.Path(dir_okay=False),
+              help="Write the outputs to an .npz, one array per output named as in the manifest (needs numpy).")
+def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, warmup: int, seed: int,
+        threads: int | None, check_file: str | None, atol, rtol, save_outputs: str | None) -> None:
     """Load BUNDLE with the minimal runtime, run it and print the outputs' dtypes and shapes and
-    the latency percentiles p50/p90/p99."""
+    the latency percentiles p50/p90/p99; with --check, the error of every output against the
+    eager model (and the allowed error)."""
     from ascendc_pack_runtime.tools import run_bundle
 
     if inputs_file and random_inputs:
         _fail(ValueError("pass either --inputs FILE.npz or --random, not both"))
-    lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed)
+    lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed,
+                              threads=threads, check=check_file, atol=atol, rtol=rtol, save_outputs=save_outputs)
     click.echo("\n".join(lines), err=rc != 0)
     sys.exit(rc)
 

@@ -1,7 +1,8 @@
 """Run a Program in Python.
 
-The reference executor runs every step through torch: fused kernels by their original ATen
-steps. Python mode (PGO) plugs a ``run_fused`` callback in to launch compiled kernels instead.
+The reference executor runs every step through torch: fused kernels and tactic steps by their
+original ATen steps. Python mode (PGO) plugs ``run_fused`` / ``run_tactic`` callbacks in to launch
+compiled kernels and run the chosen tactics instead.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import torch
 
 from ascendc_pack_runtime.outputs import OutputBuilder
 
-from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref
+from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
 
 FusedRunner = Callable[[FusedStep, list[torch.Tensor]], list[torch.Tensor]]
+TacticRunner = Callable[[TacticStep, dict], torch.Tensor]
+"""``run_tactic(step, env) -> output``: ``env`` maps program value names to tensors."""
 
 _OP_CACHE: dict[str, object] = {}
 
@@ -57,10 +60,20 @@ def run_reference_fused(step: FusedStep, args: list[torch.Tensor]) -> list[torch
     return [env[o] for o in step.outputs]
 
 
+def run_reference_tactic(step: TacticStep, env: dict) -> torch.Tensor:
+    """Run a tactic step through the ATen steps it replaces (the reference semantics)."""
+    local = {n: env[n] for n in step.reference_inputs()}
+    for s in step.steps:
+        run_aten(s, local)
+    return local[step.outputs[0]]
+
+
 def run_program(program: Program, inputs: list[torch.Tensor], run_fused: FusedRunner | None = None,
-                on_cond: Callable[[CondStep, bool], None] | None = None) -> list[torch.Tensor]:
+                on_cond: Callable[[CondStep, bool], None] | None = None,
+                run_tactic: TacticRunner | None = None) -> list[torch.Tensor]:
     """Run ``program`` on ``inputs`` (in ``program.inputs`` order) and return its outputs."""
     run_fused = run_fused or run_reference_fused
+    run_tactic = run_tactic or run_reference_tactic
     env = dict(zip(program.inputs, inputs))
     for step in program.steps:
         if isinstance(step, AtenStep):
@@ -68,26 +81,28 @@ def run_program(program: Program, inputs: list[torch.Tensor], run_fused: FusedRu
         elif isinstance(step, FusedStep):
             for name, val in zip(step.outputs, run_fused(step, [env[i] for i in step.inputs])):
                 env[name] = val
+        elif isinstance(step, TacticStep):
+            env[step.outputs[0]] = run_tactic(step, env)
         else:
             pred = _resolve(step.pred, env)
             taken = bool(pred.item()) if isinstance(pred, torch.Tensor) else bool(pred)
             if on_cond is not None:
                 on_cond(step, taken)
             branch = step.then_branch if taken else step.else_branch
-            results = run_program(branch, [env[o] for o in step.operands], run_fused, on_cond)
+            results = run_program(branch, [env[o] for o in step.operands], run_fused, on_cond, run_tactic)
             env.update(zip(step.outputs, results))
     return [env[o] for o in program.outputs]
 
 
 def run_model(mp: ModelProgram, weights: dict[str, torch.Tensor], inputs, run_fused: FusedRunner | None = None,
-              on_cond=None):
+              on_cond=None, run_tactic: TacticRunner | None = None):
     """Call the model like eager does: write input mutations back, return its output structure."""
     inputs = list(inputs)
     if len(inputs) != len(mp.user_inputs):
         raise ValueError(f"model {mp.name!r} takes {len(mp.user_inputs)} inputs, got {len(inputs)}")
     env_inputs = [weights[w] for w in mp.weights] + inputs
     with torch.no_grad():
-        results = run_program(mp.program, env_inputs, run_fused, on_cond)
+        results = run_program(mp.program, env_inputs, run_fused, on_cond, run_tactic)
         by_name = dict(zip(mp.program.outputs, results))
         for i, name in enumerate(mp.user_inputs):
             if name in mp.mutations:

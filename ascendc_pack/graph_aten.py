@@ -51,6 +51,7 @@ class ConstKind(enum.Enum):
     WRAPPED_INT = "wrapped_int"      # a Python number passed where a Tensor is expected
     WRAPPED_FLOAT = "wrapped_float"
     WRAPPED_BOOL = "wrapped_bool"
+    EMPTY_SCALARS = "empty_scalars"  # an empty Scalar?[] (oneDNN post-op arguments of a tactic)
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,8 @@ def constant(value, typ) -> Const:
             return Const(ConstKind.FLOATS, tuple(float(v) for v in items))
         if el == "BoolType":
             return Const(ConstKind.BOOLS, tuple(bool(v) for v in items))
+        if not items and str(typ) in ("List[Optional[number]]", "Scalar?[]"):
+            return Const(ConstKind.EMPTY_SCALARS)
         raise RenderError(f"constant list of {typ} is not supported")
     if kind == "TensorType":
         # a Python number passed where a Tensor is expected: torch wraps it (wrapped number)

@@ -19,9 +19,9 @@ from ascendc_pack_runtime.constants import (
 )
 from ascendc_pack_runtime.tensor_meta import SCALAR_TYPES
 
-from .graph_aten import INT64_MIN, Const, ConstKind
+from .graph_aten import INT64_MIN, Const, ConstKind, RenderError
 from .graph_memory import align
-from .graph_plan import (
+from .graph_ir import (
     Arg,
     AtenAction,
     Buf,
@@ -30,6 +30,7 @@ from .graph_plan import (
     CondAction,
     FusedAction,
     GraphPlan,
+    PackAction,
     RelayoutAction,
     Val,
     ValKind,
@@ -48,6 +49,7 @@ class GraphSource:
     namespace: str
     signature: str            # JSON baked into graph.so (kernels, io counts), checked at load
     stats: dict               # memory plan and step counts
+    aten_ops: dict = field(default_factory=dict)   # plain ATen calls per model call, by operator
 
 
 def render_source(plan: GraphPlan) -> GraphSource:
@@ -88,7 +90,7 @@ def render_source(plan: GraphPlan) -> GraphSource:
     }
     text = template_env().get_template(GRAPH_TEMPLATE).render(**ctx)
     namespace = "ascpack_" + hashlib.sha256(text.encode()).hexdigest()[:20]
-    return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats)
+    return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats, dict(plan.aten_ops or {}))
 
 
 # ----------------------------------------------------------------------------- C text
@@ -168,7 +170,7 @@ class _Emitter:
         for b in plan.bufs:  # arena buffers are static tensors; fresh ones are per-call locals
             self.buf_ref[b.id] = self._static() if plan.memory.in_arena(b.id) else self._local()
         for v in plan.vals:
-            if v.kind in (ValKind.VIEW, ValKind.COND, ValKind.OPAQUE):
+            if v.kind in (ValKind.VIEW, ValKind.COND, ValKind.OPAQUE, ValKind.DERIVED):
                 self.val_ref[v.id] = self._static() if self.is_static(v) else self._local()
         for b in plan.bufs:
             if plan.memory.in_arena(b.id):
@@ -190,7 +192,7 @@ class _Emitter:
         memo = self.static_memo.get(v.id)
         if memo is not None:
             return memo
-        if v.kind is ValKind.WEIGHT:
+        if v.kind in (ValKind.WEIGHT, ValKind.DERIVED):
             r = True
         elif v.kind is ValKind.BUF:
             r = self.plan.memory.in_arena(v.buf.id)
@@ -214,7 +216,8 @@ class _Emitter:
     def const(self, c: Const) -> str:
         k, v, t = c.kind, c.value, self.tables
         simple = {ConstKind.NONE: "AP_A_NONE", ConstKind.LAYOUT_STRIDED: "AP_A_LAYOUT_STRIDED",
-                  ConstKind.DEVICE_CPU: "AP_A_DEVICE_CPU"}
+                  ConstKind.DEVICE_CPU: "AP_A_DEVICE_CPU",
+                  ConstKind.EMPTY_SCALARS: "AP_A_LIST(AP_ARG_OPTIONAL_SCALARS, 0, nullptr)"}
         if k in simple:
             return simple[k]
         if k is ConstKind.INT:
@@ -303,6 +306,10 @@ class _Emitter:
                                             f"{act.dst.label}", dst=self.ref(act.dst), src=self.ref(act.src)))
             elif isinstance(act, CondAction):
                 self.emit_cond(act, out)
+            elif isinstance(act, PackAction):  # a GEMM's constant B, packed once at load
+                self.init.append(_Insn("AP_PACK_B", f"pack B of kernel {act.kernel_index} (at load)",
+                                       {"a": act.kernel_index, "dst": self.ref(act.dst), "src": self.ref(act.src),
+                                        "nbytes": act.nbytes}))
         return out
 
     def emit_cond(self, act: CondAction, out: list) -> None:
@@ -327,6 +334,10 @@ class _Emitter:
     def emit_aten(self, act: AtenAction, out: list) -> None:
         static_call = act.mode is CallMode.VIEW and all(self.arg_static(a) for a in act.args) and \
             all(o is None or self.is_static(o) for o in act.outs)
+        if act.mode is CallMode.LOAD:  # a tactic's derived weight: made once, from tensors that never change
+            if not all(self.arg_static(a) for a in act.args):
+                raise RenderError(f"{act.label}: a derived weight reads a value that changes per call")
+            static_call = True
         # tensors that never change go into the argument template once, at load
         for i, a in enumerate(act.args):
             if a.const is None and self.arg_static(a):

@@ -4,7 +4,8 @@ The plan says what the C++ graph does, as frozen values: every tensor value with
 C++ code will actually see (:class:`Val`), every buffer the graph writes (:class:`Buf`), the
 boxed ATen operators and their argument templates (:class:`BoxedOp`), the actions in order
 (:class:`AtenAction`, :class:`FusedAction`, :class:`RelayoutAction`, :class:`CheckAction`,
-:class:`CondAction`) and the memory plan (:mod:`ascendc_pack.graph_memory`). The emitter
+:class:`CondAction`; a lowered tactic step becomes boxed calls, :mod:`ascendc_pack.graph_tactic`:
+its load-stage derivations in mode ``LOAD``, run once at load) and the memory plan (:mod:`ascendc_pack.graph_memory`). The emitter
 (:mod:`ascendc_pack.graph_emit`) only renders it.
 
 How ATen steps are run: a step whose op has a native ``out=`` overload (a CPU kernel, not an
@@ -16,198 +17,17 @@ for (a relayout copy when the layout differs, a run-time check when it was only 
 
 from __future__ import annotations
 
-import enum
-import os
-from dataclasses import dataclass
-from pathlib import Path
 
-from ascendc_pack_runtime.tensor_meta import contiguous_strides, itemsize, significant_strides, span_elems
+from ascendc_pack_runtime.tensor_meta import contiguous_strides, significant_strides
 
 from . import graph_aten as ga
-from .graph_aten import Const, RenderError
-from .graph_memory import MemoryPlan, lifetimes, place
-from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref
-
-
-@dataclass(frozen=True)
-class KernelRef:
-    """What the graph needs to know about one chosen kernel library."""
-
-    name: str
-    kernel_key: str
-    file: str          # path relative to the bundle root, e.g. kernels/<name>/<key>/kernel.so
-    workspace: int
-    n_inputs: int
-    n_outputs: int
-
-    def __post_init__(self):
-        if os.path.isabs(self.file) or ".." in Path(self.file).parts:
-            raise ValueError(f"kernel {self.name}: library path {self.file!r} must be relative to the "
-                             "bundle root")
-
-
-class ValKind(enum.Enum):
-    """Where a value comes from (and so whether it can change between calls)."""
-
-    INPUT = "input"     # a user input of the call
-    WEIGHT = "weight"   # a weight (never changes)
-    BUF = "buf"         # a planned buffer's full tensor
-    VIEW = "view"       # a view of other values
-    COND = "cond"       # the result of a torch.cond (either branch's value)
-    OPAQUE = "opaque"   # returned by an allocating or in-place ATen call
-
-
-class BufRole(enum.Enum):
-    VALUE = "value"           # a step's output
-    WORKSPACE = "workspace"   # a fused kernel's scratch
-    RELAYOUT = "relayout"     # a copy into the layout a fused kernel was compiled for
-
-
-class CallMode(enum.Enum):
-    VIEW = "view"             # the result aliases an argument
-    OUT = "out"               # the out= overload writes into planned buffers
-    FUNCTIONAL = "functional"  # the op allocates its result (or writes in place)
-
-
-@dataclass(frozen=True, eq=False)
-class Buf:
-    """A block of memory the graph writes, created at step ``created``."""
-
-    id: int
-    label: str
-    dtype: str
-    shape: tuple
-    stride: tuple
-    role: BufRole
-    created: int
-
-    @property
-    def nbytes(self) -> int:
-        return span_elems(self.shape, self.stride) * itemsize(self.dtype)
-
-
-@dataclass(frozen=True, eq=False)
-class Val:
-    """A tensor value as the C++ code will see it (actual layout, not eager's)."""
-
-    id: int
-    label: str
-    shape: tuple
-    stride: tuple
-    dtype: str
-    kind: ValKind
-    index: int = -1                  # input / weight index
-    buf: Buf | None = None           # kind BUF
-    deps: tuple = ()                 # tensor Vals a view was computed from
-    roots: frozenset = frozenset()   # ids of the buffers whose memory this value may be
-    uncertain: bool = False          # layout predicted, not guaranteed (checked before kernels)
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One boxed argument: a constant, a tensor, or a list of tensors (None: a Tensor?[] hole)."""
-
-    const: Const | None = None
-    tensor: Val | None = None
-    tensors: tuple | None = None
-    optional_list: bool = False
-
-    def values(self) -> list[Val]:
-        if self.tensor is not None:
-            return [self.tensor]
-        return [v for v in self.tensors or () if v is not None]
-
-
-@dataclass(frozen=True)
-class BoxedOp:
-    qualified: str             # aten::addmm
-    overload: str              # "" for default
-    template: tuple            # Arg per schema argument
-
-
-@dataclass(frozen=True)
-class AtenAction:
-    label: str
-    op_index: int
-    args: tuple                # Arg per schema argument (then the out= arguments, mode OUT)
-    mode: CallMode
-    outs: tuple                # Val | None per result (mode OUT: the buffers' values)
-    out_bufs: tuple = ()       # Buf per out= argument (mode OUT)
-    list_return: bool = False  # the op returns one Tensor[]
-
-
-@dataclass(frozen=True)
-class FusedAction:
-    label: str
-    kernel_index: int
-    ins: tuple                 # Val per kernel input (already in the layout it expects)
-    outs: tuple                # Buf per kernel output
-    workspace: Buf | None
-
-
-@dataclass(frozen=True)
-class RelayoutAction:
-    src: Val
-    dst: Buf
-
-
-@dataclass(frozen=True)
-class CheckAction:
-    """Run-time safety net: ``dst = src`` when its strides match, else a relayouted copy."""
-
-    src: Val
-    dst: Val
-    shape: tuple
-    stride: tuple
-
-
-@dataclass(frozen=True)
-class CondAction:
-    pred: Val | bool
-    then_actions: tuple
-    else_actions: tuple
-    outs: tuple                # outer Vals
-    then_outs: tuple
-    else_outs: tuple
-
-
-Action = AtenAction | FusedAction | RelayoutAction | CheckAction | CondAction
-
-
-@dataclass(frozen=True)
-class UserOutput:
-    """One model output: ``val``, or the caller's own input ``input_index`` (a mutated input
-    the model returns)."""
-
-    val: Val
-    input_index: int = -1
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """Input ``input_index`` (named ``name``) gets the value of ``val`` after every call."""
-
-    input_index: int
-    name: str
-    val: Val
-
-
-@dataclass(frozen=True)
-class GraphPlan:
-    """Everything the emitter renders."""
-
-    model_name: str
-    weights: tuple             # (name, Val) per weight, in program order
-    inputs: tuple              # (name, Val) per user input
-    vals: tuple                # every Val, by id
-    bufs: tuple                # every Buf, by id
-    ops: tuple                 # BoxedOp per operator index
-    actions: tuple             # top-level actions in order
-    kernels: tuple             # KernelRef per kernel index
-    outputs: tuple             # UserOutput per model output
-    mutations: tuple           # Mutation per mutated input
-    counts: dict               # steps by kind (aten_out, aten_functional, aten_view, fused, relayout, cond)
-    memory: MemoryPlan
+from .graph_aten import RenderError
+from .graph_ir import (Action, Arg, AtenAction, BoxedOp, Buf, BufRole, CallMode, CheckAction, CondAction,  # noqa: F401
+                       FusedAction, GraphPlan, KernelRef, Mutation, PackAction, RelayoutAction, UserOutput, Val,
+                       ValKind)
+from .graph_memory import lifetimes, place
+from .graph_tactic import plan_gemm, plan_tactic
+from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
 
 
 def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
@@ -242,7 +62,8 @@ class _Planner:
         self.out_overload = ga.OutOverloads()
         self.t = 0
         self.counts = {"aten_out": 0, "aten_functional": 0, "aten_view": 0, "fused": 0,
-                       "relayout": 0, "cond": 0}
+                       "relayout": 0, "cond": 0, "tactic": 0, "tactic_load": 0}
+        self.aten_ops: dict[str, int] = {}
 
     # values and buffers -----------------------------------------------------------------------
     def new_val(self, label, shape, stride, dtype, kind: ValKind, **kw) -> Val:
@@ -302,7 +123,8 @@ class _Planner:
         memory = place([b.nbytes for b in self.bufs], lives, fresh)
         return GraphPlan(mp.name, tuple(weights), tuple(inputs), tuple(self.vals), tuple(self.bufs),
                          tuple(self.ops), tuple(actions), tuple(self.kernels[n] for n in self.kernel_order),
-                         tuple(outputs), mutations, dict(self.counts), memory)
+                         tuple(outputs), mutations, dict(self.counts), memory,
+                         dict(sorted(self.aten_ops.items(), key=lambda kv: (-kv[1], kv[0]))))
 
     # walking ------------------------------------------------------------------------------
     def walk(self, program: Program, env: dict, scope: str) -> list:
@@ -310,7 +132,10 @@ class _Planner:
         for step in program.steps:
             self.tick()
             if isinstance(step, AtenStep):
+                self.aten_ops[step.op] = self.aten_ops.get(step.op, 0) + 1
                 actions.append(self.aten(step, env, program, scope))
+            elif isinstance(step, TacticStep):
+                actions.extend(self.tactic(step, env, program, scope))
             elif isinstance(step, FusedStep):
                 actions.extend(self.fused(step, env, scope))
             elif isinstance(step, CondStep):
@@ -366,26 +191,8 @@ class _Planner:
         if step.name not in self.kernel_order:
             self.kernel_order.append(step.name)
         actions = []
-        ins = []
-        for name, (shape, stride, dtype) in zip(step.inputs, in_specs):
-            v = env[name]
-            if v.shape != shape or v.dtype != dtype:
-                raise RenderError(f"kernel {step.name}: input {name} is {v.dtype}{list(v.shape)}, the "
-                                  f"kernel expects {dtype}{list(shape)}")
-            self.use(v)
-            if significant_strides(v.shape, v.stride) != significant_strides(shape, stride):
-                # copy into the layout the kernel was compiled for (broadcast dims stay compact)
-                base = tuple(1 if (st == 0 and n != 1) else n for n, st in zip(shape, stride))
-                b = self.new_buf(f"relayout of {name} for {step.name}", base, stride, v.dtype, BufRole.RELAYOUT)
-                actions.append(RelayoutAction(v, b))
-                self.counts["relayout"] += 1
-                v = self.buf_val(b, b.label)
-            elif v.uncertain:
-                checked = self.new_val(f"{name} (checked)", shape, stride, v.dtype, ValKind.VIEW, deps=(v,),
-                                       roots=v.roots)
-                actions.append(CheckAction(v, checked, shape, stride))
-                v = checked
-            ins.append(v)
+        ins = [self.kernel_input(step.name, name, env[name], spec, actions)
+               for name, spec in zip(step.inputs, in_specs)]
         outs = []
         for name, (shape, dtype) in zip(step.outputs, out_specs):
             b = self.new_buf(f"{scope}{name}", shape, contiguous_strides(shape), dtype)
@@ -397,6 +204,57 @@ class _Planner:
         actions.append(FusedAction(f"{scope}{', '.join(step.outputs)} = {step.name}",
                                    self.kernel_order.index(step.name), tuple(ins), tuple(outs), ws))
         return actions
+
+    def kernel_input(self, kernel: str, name: str, v: Val, spec: tuple, actions: list) -> Val:
+        """``v`` as kernel input ``spec`` (shape, stride, dtype): a relayouted copy when its layout
+        differs, a run-time check when its layout was only predicted."""
+        shape, stride, dtype = spec
+        if v.shape != shape or v.dtype != dtype:
+            raise RenderError(f"kernel {kernel}: input {name} is {v.dtype}{list(v.shape)}, the "
+                              f"kernel expects {dtype}{list(shape)}")
+        self.use(v)
+        if significant_strides(v.shape, v.stride) != significant_strides(shape, stride):
+            # copy into the layout the kernel was compiled for (broadcast dims stay compact)
+            base = tuple(1 if (st == 0 and n != 1) else n for n, st in zip(shape, stride))
+            b = self.new_buf(f"relayout of {name} for {kernel}", base, stride, v.dtype, BufRole.RELAYOUT)
+            actions.append(RelayoutAction(v, b))
+            self.counts["relayout"] += 1
+            return self.buf_val(b, b.label)
+        if v.uncertain:
+            checked = self.new_val(f"{name} (checked)", shape, stride, v.dtype, ValKind.VIEW, deps=(v,),
+                                   roots=v.roots)
+            actions.append(CheckAction(v, checked, shape, stride))
+            return checked
+        return v
+
+    # tactic steps (ascendc_pack/graph_tactic.py) ------------------------------------------
+    def tactic(self, step: TacticStep, env: dict, program: Program, scope: str) -> list:
+        """A lowered tactic step (its ATen steps when it was not lowered)."""
+        if step.chosen is None:
+            return [self.aten(s, env, program, scope) for s in step.steps]
+        self.counts["tactic"] += 1
+        plan = plan_gemm if "gemm" in step.chosen else plan_tactic
+        return plan(self, step, env, program, scope)
+
+    def aten_load(self, step: AtenStep, env: dict, program, scope: str) -> AtenAction:
+        """A call run once at load whose result never changes (a tactic's derived weight)."""
+        schema = ga.op_schema(step.op)
+        bound = ga.bind(schema, step)
+        self.counts["tactic_load"] += 1
+        outs = []
+        for name in step.outputs:
+            spec = program.values.get(name) if name is not None else None
+            if spec is None:
+                outs.append(None)
+                continue
+            v = self.new_val(f"{scope}{name} (at load)", spec.shape, spec.stride or contiguous_strides(spec.shape),
+                             spec.dtype, ValKind.DERIVED)
+            env[name] = v
+            outs.append(v)
+        args = self.args(schema, bound, env)
+        label = f"{scope}{', '.join(o or '_' for o in step.outputs)} = {step.op} (at load)"
+        return AtenAction(label, self.op(schema, args), args, CallMode.LOAD, tuple(outs),
+                          list_return=ga.returns_list(schema))
 
     # ATen steps ---------------------------------------------------------------------------
     def aten(self, step: AtenStep, env: dict, program: Program, scope: str) -> AtenAction:
@@ -488,5 +346,5 @@ class _Planner:
 
 
 __all__ = ["plan_graph", "GraphPlan", "KernelRef", "Val", "Buf", "ValKind", "BufRole", "CallMode", "Arg",
-           "BoxedOp", "AtenAction", "FusedAction", "RelayoutAction", "CheckAction", "CondAction",
+           "BoxedOp", "AtenAction", "FusedAction", "RelayoutAction", "CheckAction", "CondAction", "PackAction",
            "UserOutput", "Mutation", "kernel_io", "RenderError"]

@@ -1,6 +1,8 @@
 """The whole pipeline in order, one call per stage (docs/DESIGN.md §2).
 
-load model.py -> capture -> fuse -> tile/render/compile -> tune (PGO) -> render graph + bundle.
+load model.py -> capture -> fold constants -> tactic pass -> tune tactics (PGO of the heavy
+steps) -> lower the chosen tactics -> fuse -> tile/render/compile -> tune kernels (PGO) ->
+render graph + bundle.
 """
 
 from __future__ import annotations
@@ -59,6 +61,25 @@ def _clone(inputs) -> tuple[torch.Tensor, ...]:
 # --- the whole pipeline -------------------------------------------------------------------------
 
 @dataclass
+class Prepared:
+    """What :func:`prepare` produced: the model after constant folding and the tactic choices
+    (``captured``: its program and weights), the fused model, the compiled kernel candidates,
+    the tactic outcomes by step name (:class:`~ascendc_pack.tactic_tune.TacticChoice`; empty
+    without input sets or with ``topn`` 1) and the seconds of each stage."""
+
+    captured: Captured
+    fused: object
+    kernels: dict
+    tactics: dict
+    seconds: dict
+    tactics_profiled: int = 0
+    tactics_disqualified: int = 0
+
+    def __iter__(self):  # (captured, fused, kernels, seconds), as before tactics
+        return iter((self.captured, self.fused, self.kernels, self.seconds))
+
+
+@dataclass
 class BuildResult:
     """What :func:`build` produced.
 
@@ -68,7 +89,9 @@ class BuildResult:
     The counts are this build's own: ``kernels_compiled`` candidates run through the compiler,
     ``cache_hits`` candidates reused from the cache, ``compile_failures`` candidates that failed
     to compile, ``kernels_profiled`` kernels whose candidates were verified and timed,
-    ``candidates_disqualified`` candidates verification rejected.
+    ``candidates_disqualified`` candidates verification rejected. ``tactics`` maps every tactic
+    step name to its :class:`~ascendc_pack.tactic_tune.TacticChoice`; ``tactics_profiled`` counts
+    the tactic steps verified and timed by this build (0 on a warm cache).
     """
 
     output: Path | None
@@ -81,11 +104,17 @@ class BuildResult:
     candidates_disqualified: int = 0
     fallbacks: dict = field(default_factory=dict)
     verification: list = field(default_factory=list)   # InputSetCheck per input set; [] = not verified
+    tactics: dict = field(default_factory=dict)
+    tactics_profiled: int = 0
+    tactics_disqualified: int = 0
 
     def summary(self) -> str:
+        from .tactic_report import tactic_table
         from .tune import summary_table
 
         text = summary_table(self.choices, self.fallbacks)
+        if self.tactics:
+            text += "\n\n" + tactic_table(self.tactics)
         if self.verification:
             text += "\n\n" + verification_table(self.verification)
         return text
@@ -107,12 +136,19 @@ def verification_table(checks: list) -> str:
 
 
 def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", config=None, progress=None,
-            output_names: list[str] | None = None):
-    """capture -> fuse -> tile/render/compile. Returns (captured, fused model, kernels, seconds).
+            output_names: list[str] | None = None, input_sets=None, protocol=None,
+            tactics: bool = True, before_tuning=None) -> Prepared:
+    """capture -> fold -> tactics -> fuse -> tile/render/compile (see :class:`Prepared`).
 
-    ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent).
+    With ``tactics`` the heavy steps become tactic steps; with ``input_sets`` (input tuples) and
+    ``config.topn`` > 1 their candidates are verified and timed on those inputs (PGO) and the
+    choices applied before fusion; without, every heavy step stays ATen as captured.
+    ``progress``: a :class:`~ascendc_pack.progress.Progress` reporting the stages (default: silent);
+    ``before_tuning``: called before the tactics are timed (the build waits there for the graph
+    interpreter compiling in the background).
     """
     from .backend import get_backend
+    from .fold import fold_constants
     from .fuse import fuse
     from .kernels import prepare_kernels, total_candidates
     from .progress import Progress
@@ -125,6 +161,11 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
                                        output_names=output_names)
         if hit:
             st.note("reused from the capture cache")
+        folded = fold_constants(captured.model, captured.weights)
+        captured = Captured(folded.model, folded.weights)
+    choices, counts = {}, (0, 0)
+    if tactics and backend.name == "cpu":  # tactics are CPU kernels; on npu heavy steps stay ATen (torch_npu)
+        captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol, before_tuning)
     with progress.stage("fuse"):
         fused = fuse(captured.model)
         # kernels the backend cannot generate run as their ATen steps (never a wrong kernel)
@@ -134,7 +175,37 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
         fused = inline_kernels(fused, unsupported)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
         kernels = prepare_kernels(fused.program, config, st.advance)
-    return captured, fused, kernels, dict(progress.seconds)
+    return Prepared(captured, fused, kernels, choices, dict(progress.seconds), *counts)
+
+
+def _tactics(captured: Captured, config, progress, input_sets, protocol, before_tuning=None):
+    """Tactic pass, PGO of the tactic steps on ``input_sets``, lowering of the choices."""
+    from .autotune import Protocol
+    from .tactic_lower import lower_tactics, propagate_layouts
+    from .tactic_pass import find_tactics
+    from .tactic_tune import TacticTuner
+
+    found = find_tactics(captured.model, captured.weights)
+    if not found.found:
+        return captured, {}, (0, 0)
+    tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol())
+    with progress.stage("compile", total=tuner.compile_total()) as st:  # GEMM tilings, epilogue kernels
+        tuner.compile(st.advance)
+    if before_tuning is not None:
+        before_tuning()
+    try:  # a warm cache times nothing, but the runs still say which steps the inputs reach
+        with progress.stage("tactics", total=tuner.pending(), label="tune tactics") as st:
+            done = tuner.pending()
+            for inputs in input_sets:
+                tuner(*_clone(inputs))
+                st.advance(done - tuner.pending())
+                done = tuner.pending()
+    finally:
+        tuner.close()
+    decisions = tuner.decisions()
+    lowered = lower_tactics(found.model, found.weights, decisions, tuner.choices)
+    model = propagate_layouts(lowered.model) if lowered.lowered else lowered.model
+    return Captured(model, lowered.weights), tuner.choices, (tuner.profiled, tuner.disqualified)
 
 
 def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int | None = None,
@@ -156,7 +227,8 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores,
                                  backend=backend)
-    captured, fused, kernels, _ = prepare(model, example_inputs, name=type(model).__name__, config=config)
+    captured, fused, kernels, _ = prepare(model, example_inputs, name=type(model).__name__, config=config,
+                                          input_sets=[tuple(example_inputs)], protocol=protocol)
     pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
                           backend=get_backend(config.backend))
     for inputs in calibration_inputs or []:
@@ -168,7 +240,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
           cores: int | None = None, cache_dir=None, jobs: int | None = None, debug: bool | None = None,
           march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
           protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
-          output_names: list[str] | None = None) -> BuildResult:
+          output_names: list[str] | None = None, tactics: bool = True) -> BuildResult:
     """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, docs/DESIGN.md §2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
@@ -184,7 +256,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     override its tolerances) before it is moved to ``output``; a mismatch raises
     :class:`~ascendc_pack.errors.VerificationError` and writes nothing there.
     ``output_names``: one name per output tensor (default: dict keys, namedtuple fields,
-    ``output_<i>``).
+    ``output_<i>``). ``tactics``: give the heavy steps (GEMM, convolution, attention) candidate
+    implementations timed by PGO (docs/TACTICS.md); False keeps them ATen as captured.
 
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
@@ -205,13 +278,18 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     if out.is_dir():
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
     interpreter = start_graph_runtime(config)  # model-independent: compiles while capture and kernels do
-    captured, fused, kernels, _ = prepare(model, example_inputs, name=name, config=config, progress=progress,
-                                          output_names=output_names)
-    if not interpreter.done():  # never compile while PGO times candidates
-        with progress.stage("graph_runtime", label="graph interpreter"):
-            interpreter.result()
-    interpreter.result()
+
+    def wait_for_interpreter():  # never compile while PGO times candidates (tactics, then kernels)
+        if not interpreter.done():
+            with progress.stage("graph_runtime", label="graph interpreter"):
+                interpreter.result()
+        interpreter.result()
+
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
+    prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
+                   input_sets=input_sets, protocol=protocol, tactics=tactics, before_tuning=wait_for_interpreter)
+    wait_for_interpreter()
+    captured, fused, kernels = prep.captured, prep.fused, prep.kernels
     pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
                           backend=get_backend(config.backend))
     with pm, progress.stage("tune", total=pm.pending()) as st:
@@ -223,7 +301,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     # whole bundle stage shows its elapsed time and the graph compile's share is split off after
     with progress.stage("bundle", label="graph compile + bundle"):
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
-        report = build_bundle(inline_kernels(fused, fallbacks), captured.weights, choices, staged, config)
+        report = build_bundle(inline_kernels(fused, fallbacks), captured.weights, choices, staged, config,
+                              tactics=prep.tactics)
     checks = []
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
@@ -237,7 +316,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     return BuildResult(output=out, choices=choices, seconds=seconds, kernels_compiled=counts.compiler_calls,
                        kernels_profiled=pm.kernels_profiled, cache_hits=counts.cache_hits,
                        compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
-                       fallbacks=fallbacks, verification=checks)
+                       fallbacks=fallbacks, verification=checks, tactics=prep.tactics,
+                       tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified)
 
 
 def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:

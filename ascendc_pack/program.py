@@ -6,7 +6,10 @@ A :class:`Program` is what every stage after capture works on:
 * :class:`FusedStep` - a fused kernel; ``steps`` holds the ATen steps it replaces, so the
   reference executor can always run it through torch, and ``kernel`` is the
   :class:`~ascendc_pack.fusion_ir.KernelSpec` the kernel stages read (filled by the fuser);
-* :class:`CondStep` - ``torch.cond`` with a sub-program per branch.
+* :class:`CondStep` - ``torch.cond`` with a sub-program per branch;
+* :class:`TacticStep` - a heavy step (GEMM, convolution, attention, with the pointwise ops fused
+  into it) that has candidate implementations (tactics, :mod:`ascendc_pack.tactics`); ``steps``
+  holds the ATen steps it replaces, so the reference executor can always run it.
 
 Values are named; ``Program.values`` gives every value's :class:`TensorSpec`. Arguments are
 plain JSON-friendly data with :class:`Ref` for tensor values (see :func:`encode_arg`).
@@ -122,7 +125,52 @@ class CondStep:
         return _refs_in([self.pred]) + list(self.operands)
 
 
-Step = Union[AtenStep, FusedStep, CondStep]
+@dataclass
+class TacticStep:
+    """A heavy step with candidate implementations (tactics), found by :mod:`ascendc_pack.tactic_pass`.
+
+    ``name`` is derived from everything that makes its candidates and their timings (the
+    description, the input layouts): identical tactic steps share it, and with it one candidate
+    set and one PGO measurement. ``tactic_kind``: ``linear`` | ``conv`` | ``attention``;
+    ``desc``: the step description JSON (``tactics.LinearStep/ConvStep/AttentionStep.to_json()``);
+    ``bind``: tactic tensor name (``x``, ``weight``, ``other``, ``q``...) -> program value name;
+    ``shapes``: tactic tensor name -> the shape the tactic reads it with (a reshape of the value
+    when they differ, e.g. a 3-D residual read as ``[m, n]``); ``outputs``: the one program value
+    it computes; ``steps``: the ATen steps it replaces (the reference; when candidate 0 wins they
+    are put back as they were); ``chain``: the convolution chain whose layout it shares (0: none).
+
+    Once lowered (a tactic other than candidate 0 won), ``chosen`` is that tactic's JSON without
+    its build-stage derivations (their results are bound as weights in ``bind``) and ``values``
+    the spec of each of its tensors as observed on the real inputs (the layouts the graph plans).
+    """
+
+    name: str
+    tactic_kind: str
+    desc: dict
+    bind: dict[str, str]
+    shapes: dict[str, tuple[int, ...]]
+    outputs: list[str]
+    steps: list[AtenStep]
+    chain: int = 0
+    chosen: dict | None = None
+    values: dict[str, TensorSpec] | None = None
+
+    kind = "tactic"
+
+    def reference_inputs(self) -> list[str]:
+        """Values the reference steps read that they do not compute, in first-use order."""
+        made = {o for s in self.steps for o in s.outputs if o}
+        return list(dict.fromkeys(n for s in self.steps for n in s.input_names() if n not in made))
+
+    def input_names(self) -> list[str]:
+        """What the step reads: its bindings, and (until lowered) what the reference reads."""
+        bound = list(self.bind.values())
+        if self.chosen is not None:
+            return list(dict.fromkeys(bound))
+        return list(dict.fromkeys(self.reference_inputs() + bound))
+
+
+Step = Union[AtenStep, FusedStep, CondStep, TacticStep]
 
 
 @dataclass
@@ -145,6 +193,10 @@ class Program:
     def fused_steps(self) -> list[FusedStep]:
         """Every fused kernel of the program, branches included."""
         return [s for s in self.walk() if isinstance(s, FusedStep)]
+
+    def tactic_steps(self) -> list[TacticStep]:
+        """Every tactic step of the program, branches included."""
+        return [s for s in self.walk() if isinstance(s, TacticStep)]
 
     def to_json(self) -> dict:
         return {
@@ -298,6 +350,15 @@ def _step_to_json(s: Step) -> dict:
     if isinstance(s, FusedStep):
         return {"kind": "fused", "name": s.name, "inputs": s.inputs, "outputs": s.outputs,
                 "steps": [_step_to_json(x) for x in s.steps], "kernel": s.kernel.to_json()}
+    if isinstance(s, TacticStep):
+        d = {"kind": "tactic", "name": s.name, "tactic_kind": s.tactic_kind, "desc": s.desc, "bind": dict(s.bind),
+             "shapes": {k: list(v) for k, v in s.shapes.items()}, "outputs": list(s.outputs),
+             "steps": [_step_to_json(x) for x in s.steps], "chain": s.chain}
+        if s.chosen is not None:
+            d["chosen"] = s.chosen
+        if s.values is not None:
+            d["values"] = {k: v.to_json() for k, v in s.values.items()}
+        return d
     return {"kind": "cond", "pred": encode_arg(s.pred), "operands": s.operands, "outputs": s.outputs,
             "then": s.then_branch.to_json(), "else": s.else_branch.to_json()}
 
@@ -315,6 +376,13 @@ def _step_from_json(d: dict) -> Step:
         return CondStep(pred=decode_arg(d["pred"]), then_branch=Program.from_json(d["then"]),
                         else_branch=Program.from_json(d["else"]), operands=list(d["operands"]),
                         outputs=list(d["outputs"]))
+    if kind == "tactic":
+        values = d.get("values")
+        return TacticStep(name=d["name"], tactic_kind=d["tactic_kind"], desc=d["desc"], bind=dict(d["bind"]),
+                          shapes={k: tuple(v) for k, v in d["shapes"].items()}, outputs=list(d["outputs"]),
+                          steps=[_step_from_json(x) for x in d["steps"]], chain=int(d.get("chain", 0)),
+                          chosen=d.get("chosen"),
+                          values={k: TensorSpec.from_json(v) for k, v in values.items()} if values else None)
     raise ValueError(f"unknown step kind {kind!r}")
 
 
@@ -350,6 +418,14 @@ def dump_program(p: Program, indent: str = "  ") -> list[str]:
             outs = ", ".join(f"%{o}" for o in s.outputs)
             ins = ", ".join(f"%{i}" for i in s.inputs)
             lines.append(f"{indent}{outs} = kernel {s.name}({ins})  # {typ(s.outputs)}")
+            for inner in s.steps:
+                lines.append(f"{indent}  | {_fmt_aten(inner)}")
+        elif isinstance(s, TacticStep):
+            outs = ", ".join(f"%{o}" for o in s.outputs)
+            ins = ", ".join(f"{k}=%{v}" for k, v in s.bind.items())
+            what = f" chosen {s.chosen['name']}" if s.chosen is not None else ""
+            chain = f" chain {s.chain}" if s.chain else ""
+            lines.append(f"{indent}{outs} = tactic {s.name}({ins}){what}{chain}  # {typ(s.outputs)}")
             for inner in s.steps:
                 lines.append(f"{indent}  | {_fmt_aten(inner)}")
         else:
@@ -395,9 +471,12 @@ def dump(mp: ModelProgram) -> str:
     if mp.mutations:
         head.append("  mutates: " + ", ".join(f"%{i} <- %{o}" for i, o in mp.mutations.items()))
     fused = mp.program.fused_steps()
+    tactic = mp.program.tactic_steps()
     n_steps = sum(1 for _ in mp.program.walk())
     distinct = len({s.name for s in fused})  # steps computing the same share a kernel
     shared = f", {distinct} distinct" if distinct != len(fused) else ""
-    head.append(f"  steps:   {n_steps}" + (f" ({len(fused)} fused kernels{shared})" if fused else ""))
+    parts = ([f"{len(fused)} fused kernels{shared}"] if fused else []) + \
+        ([f"{len(tactic)} tactic steps, {len({s.name for s in tactic})} distinct"] if tactic else [])
+    head.append(f"  steps:   {n_steps}" + (f" ({'; '.join(parts)})" if parts else ""))
     head.append("  outputs: " + ", ".join(f"{n}: {v[o].short()}" for n, o in zip(mp.output_names, mp.user_outputs)))
     return "\n".join(head + ["program:"] + dump_program(mp.program)) + "\n"

@@ -10,6 +10,14 @@ The parameter space per kernel (see :mod:`ascendc_pack.codegen` for the schedule
 The cost model estimates microseconds from bytes moved (with a cache-fit bandwidth), the
 arithmetic per element, per-task and per-barrier overheads and load imbalance. It only ranks;
 PGO measures. At most 10 distinct candidates are kept, then trimmed to ``topn``.
+
+Threads are not free. The runtime runs OpenMP with ``OMP_WAIT_POLICY=PASSIVE`` (spinning
+teams collapse on a busy host: docs/TACTICS.md), so every multi-thread region pays a futex
+wake-up of the sleeping team and every barrier inside it a futex round trip
+(``Target.parallel_overhead_us`` / ``barrier_us``, measured with ``bench/omp_wakeup.py``). A
+kernel whose single-thread estimate is small therefore ranks its ``block_dim 1`` candidates
+first, and a multi-thread candidate is proposed only where it can pay off: its estimate, wake-up
+included, is within :data:`PAYOFF_MARGIN` of the best single-thread one (PGO then times it).
 """
 
 from __future__ import annotations
@@ -23,19 +31,28 @@ from .fusion_ir import KernelSpec, NodeKind
 from .ops import STORAGE_TYPE
 
 MAX_CANDIDATES = 10
+PAYOFF_MARGIN = 1.25
+"""A multi-thread candidate is proposed while its estimate is at most this times the best
+single-thread estimate: the model only ranks, so near break-even PGO decides."""
 
 
 @dataclass(frozen=True)
 class Target:
-    """What the cost model knows about the machine."""
+    """What the cost model knows about the machine.
+
+    ``parallel_overhead_us`` (waking a sleeping team for one parallel region) and ``barrier_us``
+    (one barrier inside a region) are libgomp's costs under ``OMP_WAIT_POLICY=PASSIVE``, the
+    runtime's policy: 6-8 µs and 3-5 µs for 2 threads on the 2-core build host, idle or with a
+    core busy (``bench/omp_wakeup.py``; spinning makes them 0.4 µs on a quiet core and
+    milliseconds on a busy one, so the passive numbers are the ones to plan with)."""
 
     cores: int
     l2_bytes: int = 1 << 20
     mem_gbps_per_core: float = 12.0
     cache_gbps_per_core: float = 60.0
     task_overhead_us: float = 0.05
-    parallel_overhead_us: float = 2.0
-    barrier_us: float = 0.6
+    parallel_overhead_us: float = 8.0
+    barrier_us: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -122,9 +139,10 @@ def estimate_us(spec: KernelSpec, params: dict, target: Target) -> float:
         if tasks < bd:
             t *= bd / max(tasks, 1)
     elif sched == "split":
-        t += rows * (n_red * passes * target.barrier_us + 0.05)
+        barrier = target.barrier_us if bd > 1 else 0.0  # a team of one does not wait
+        t += rows * (n_red * passes * barrier + 0.05)
         if inner < 4096 * bd:
-            t += rows * target.barrier_us
+            t += rows * barrier
     elif sched == "col":
         tasks = math.ceil(rows / params["tx"])
         per_thread = math.ceil(tasks / bd)
@@ -169,7 +187,10 @@ def _space(spec: KernelSpec, cores: int) -> list[dict]:
 
 
 def propose(spec: KernelSpec, target: Target, topn: int) -> list[Tiling]:
-    """Candidate tilings, best (lowest estimate) first, at most ``min(topn, 10)``."""
+    """Candidate tilings, best (lowest estimate) first, at most ``min(topn, 10)``.
+
+    Multi-thread candidates are kept only where they can pay off (:func:`pays_off`), so a
+    small kernel gets ``block_dim 1`` candidates only."""
     n_red = len(spec.reductions)
     scored, seen = [], set()
     for params in _space(spec, target.cores):
@@ -179,6 +200,8 @@ def propose(spec: KernelSpec, target: Target, topn: int) -> list[Tiling]:
             continue
         seen.add(cand.kernel_key)
         scored.append(Tiling(params, cand, estimate_us(spec, params, target)))
+    single = min((t.est_us for t in scored if t.params["bd"] == 1), default=None)
+    scored = [t for t in scored if pays_off(t, single)]
     scored.sort(key=lambda t: (t.est_us, t.candidate.tiling_repr))
     # keep the choice diverse: the best of each (schedule, block_dim) comes before the
     # runners-up, so even a small topn lets PGO compare schedules and thread counts (the cost
@@ -190,3 +213,10 @@ def propose(spec: KernelSpec, target: Target, topn: int) -> list[Tiling]:
         seen_kinds.add(kind)
     ranked = (firsts + rest)[:max(1, min(topn, MAX_CANDIDATES))]
     return sorted(ranked, key=lambda t: (t.est_us, t.candidate.tiling_repr))
+
+
+def pays_off(tiling: Tiling, single_us: float | None) -> bool:
+    """Whether a candidate is worth proposing: every single-thread one is; a multi-thread one
+    when its estimate (wake-up and barriers included) is within :data:`PAYOFF_MARGIN` of the
+    best single-thread estimate ``single_us`` (``None``: there is no single-thread candidate)."""
+    return tiling.params["bd"] == 1 or single_us is None or tiling.est_us <= PAYOFF_MARGIN * single_us

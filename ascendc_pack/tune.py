@@ -1,7 +1,8 @@
 """Tune: the Python-mode module and the tuning cache (docs/DESIGN.md §2.5, §3.4).
 
 :class:`PythonModeModule` runs the fused Program in Python: ATen steps through torch, fused
-kernels through their compiled libraries (ctypes), ``cond`` by evaluating the predicate. A
+kernels through their compiled libraries (ctypes), tactic steps by their chosen tactic
+(:class:`~ascendc_pack.tactic_lower.LoweredRunner`), ``cond`` by evaluating the predicate. A
 kernel with more than one candidate tunes itself on its first call, on that call's real
 arguments (:func:`autotune.select`), and keeps the winner. The choice is persisted next to the
 kernel's libraries, under the kernel's ``compile.lock``:
@@ -49,6 +50,7 @@ from .config import host_cores
 from .executor import run_model, run_reference_fused
 from .kernels import FusedKernel, KernelCandidates
 from .program import CondStep, FusedStep, ModelProgram, Program
+from .tactic_lower import LoweredRunner
 from .verify import verify_candidates
 
 log = logging.getLogger("ascendc_pack")
@@ -153,6 +155,7 @@ class PythonModeModule:
         self.sandbox = self.backend.sandbox()
         self._finalizer = weakref.finalize(self, self.sandbox.close)
         self.states: dict[str, _State] = {name: self._load(kc) for name, kc in kernels.items()}
+        self._tactics = LoweredRunner(model)
 
     def close(self) -> None:
         """Stop the verification worker (the module still runs; a later tuning restarts it)."""
@@ -247,7 +250,7 @@ class PythonModeModule:
 
     # running ------------------------------------------------------------------------------------
     def __call__(self, *inputs):
-        return run_model(self.model, self.weights, inputs, run_fused=self._run_fused)
+        return run_model(self.model, self.weights, inputs, run_fused=self._run_fused, run_tactic=self._tactics)
 
     def _run_fused(self, step: FusedStep, args: list[torch.Tensor]) -> list[torch.Tensor]:
         state = self.states[step.name]

@@ -181,6 +181,10 @@ class _Arena:
         self.path.unlink(missing_ok=True)
 
 
+Arena = _Arena
+"""The shared input/output file of one sandboxed launch (also used for GEMM tactic candidates)."""
+
+
 def _span_view(t: torch.Tensor) -> torch.Tensor:
     """The 1-D run of ``t``'s storage its strides address (what the kernel reads)."""
     return torch.as_strided(t, (span_elems(t.shape, t.stride()),), (1,), t.storage_offset())

@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.gemm import GemmKernel, GemmSpec, compile_gemms, eager_reference, random_operands  # noqa: E402
+from ascendc_pack.gemm import GemmSpec, compile_gemms  # noqa: E402
+from ascendc_pack.gemm_launch import GemmKernel, eager_reference, random_operands  # noqa: E402
 
 # name -> (spec, what it is)
 SHAPES = {

@@ -425,6 +425,18 @@ def kernel_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("parity_cache")
 
 
+@pytest.fixture(autouse=True)
+def multi_thread_candidates_everywhere(monkeypatch):
+    """This suite checks every code path, not the cost model's choice: the cost model keeps a
+    small kernel's multi-thread candidates out (they cannot pay off: tiling.pays_off), which
+    would leave the block_dim > 1 schedules untested on most of these small shapes."""
+    import math
+
+    from ascendc_pack import tiling
+
+    monkeypatch.setattr(tiling, "PAYOFF_MARGIN", math.inf)
+
+
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_parity(c: Case, kernel_cache):
     report = check_all_candidates(c.fn, [t.clone() for t in c.inputs], kernel_cache, topn=10,

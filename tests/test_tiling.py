@@ -63,3 +63,58 @@ def test_split_reductions_declare_a_workspace(fused_examples):
     (step,) = fused_examples["add_sum"]
     split = [t for t in propose(step.kernel, Target(cores=2), topn=10) if t.params["sched"] == "split"]
     assert split and all(t.candidate.workspace == 64 * t.candidate.block_dim for t in split)
+
+
+def _kernel(fn, *inputs):
+    import torch
+
+    from ascendc_pack.capture import capture
+
+    from .kernel_check import Fn
+
+    with torch.no_grad():
+        (step,) = fuse(capture(Fn(fn), inputs).model).program.fused_steps()
+    return step.kernel
+
+
+def test_small_kernels_stay_single_threaded():
+    import torch
+
+    # a few µs of work: a 2-thread region's wake-up (futex, OMP_WAIT_POLICY=PASSIVE) costs more
+    # than a second thread can save, so no multi-thread candidate is proposed at all
+    for fn, inputs in [(lambda x, y: (x + y).sum(-1), (torch.randn(32, 256), torch.randn(32, 256))),
+                       (lambda x: torch.softmax(x, -1), (torch.randn(16, 77),)),
+                       (lambda x: x.sum(0), (torch.randn(300, 64),))]:
+        cands = propose(_kernel(fn, *inputs), Target(cores=2), topn=10)
+        assert cands and all(t.candidate.block_dim == 1 for t in cands), [t.candidate.tiling_repr for t in cands]
+    # near break-even (~13 µs): single-thread candidates first, a 2-thread one only behind them
+    cands = propose(_kernel(lambda x, y: (x + y).sum(-1), torch.randn(64, 256), torch.randn(64, 256)),
+                    Target(cores=2), topn=10)
+    bds = [t.candidate.block_dim for t in cands]
+    assert bds[0] == 1 and bds == sorted(bds), bds
+
+
+def test_the_wake_up_cost_is_what_keeps_small_kernels_single_threaded():
+    import torch
+
+    # the same small kernel on a target whose parallel regions were free (a quiet host whose
+    # team spins) does get multi-thread candidates: the rule is the measured overhead, not size
+    spec = _kernel(lambda x, y: (x + y).sum(-1), torch.randn(64, 4096), torch.randn(64, 4096))
+    free = Target(cores=2, parallel_overhead_us=0.0, barrier_us=0.0)
+    assert any(t.candidate.block_dim == 2 for t in propose(spec, free, topn=10))
+    costly = propose(spec, Target(cores=2, parallel_overhead_us=1e4, barrier_us=1e3), topn=10)
+    assert all(t.candidate.block_dim == 1 for t in costly)
+
+
+def test_large_kernels_keep_multi_thread_candidates_that_pay_off():
+    import torch
+
+    from ascendc_pack.tiling import PAYOFF_MARGIN
+
+    spec = _kernel(lambda x: torch.softmax(x * 2, -1), torch.randn(2048, 1024))
+    cands = propose(spec, Target(cores=2), topn=10)
+    single = min(t.est_us for t in cands if t.candidate.block_dim == 1)
+    multi = [t for t in cands if t.candidate.block_dim == 2]
+    assert multi and cands[0].candidate.block_dim == 2   # ~ms of work: two threads first
+    assert all(t.est_us <= PAYOFF_MARGIN * single for t in multi)
+    assert any(t.candidate.block_dim == 1 for t in propose(spec, Target(cores=2), topn=4))  # PGO still compares

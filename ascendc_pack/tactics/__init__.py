@@ -36,8 +36,23 @@ __all__ = [
     "AttentionStep", "BINARY", "Call", "ConvStep", "Dtype", "Epilogue", "LinearStep", "MemoryFormat",
     "Prepack", "Ref", "Step", "Tactic", "TacticError", "UNARY", "WEIGHTS", "bind", "candidates", "check",
     "execute", "host_isa", "prepare", "random_env", "reachable", "reference", "run", "split",
-    "stored_weights", "unreachable_ops",
+    "step_from_json", "stored_weights", "unreachable_ops",
 ]
+
+_STEP_TYPES = {"linear": LinearStep, "conv": ConvStep, "attention": AttentionStep}
+
+
+def step_from_json(d: Mapping) -> Step:
+    """The step description ``d`` (``step.to_json()``; unknown keys are ignored) as a step."""
+    cls = _STEP_TYPES[d["kind"]]
+    names = set(cls.__dataclass_fields__)
+    kw = {k: v for k, v in d.items() if k in names}
+    if "epilogue" in kw:
+        kw["epilogue"] = Epilogue(**kw["epilogue"])
+    for k, v in kw.items():
+        if isinstance(v, list):
+            kw[k] = tuple(v)
+    return cls(**kw)
 
 
 def candidates(step: Step) -> list[Tactic]:

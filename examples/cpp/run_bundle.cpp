@@ -3,7 +3,7 @@
 //   dir=$(python -m ascendc_pack_runtime extract model.ascpack)
 //   ./run_bundle "$dir" [--inputs PREFIX] [--outputs PREFIX] [--repeat N] [--verify-hashes]
 //                       [--inputs-after PREFIX] [--check-bad-inputs] [--host-cpu-flags "F1 F2 ..."]
-//                       [--trusted-key KEY]...
+//                       [--trusted-key KEY]... [--threads N]
 //
 // --inputs PREFIX reads input i from PREFIX<i>.bin (raw, contiguous, the dtype and shape of the
 // manifest's input i); without it the inputs are random. --outputs PREFIX writes output i the
@@ -13,7 +13,9 @@
 // how each call was rejected (std::invalid_argument). --host-cpu-flags checks the bundle's ISA
 // against those CPU flags instead of this host's /proc/cpuinfo (LoadOptions::host_cpu_flags).
 // --trusted-key (repeatable; ed25519:<hex> or a .pub file) sets LoadOptions::trusted_keys: the
-// bundle must be signed by one of them.
+// bundle must be signed by one of them. --threads N sets LoadOptions::threads (every call uses at
+// most N threads) and at::set_num_threads(N) for the rest of the program, and prints the
+// process's thread count after the calls.
 // Exit status: 0 ok, 2 the bundle was refused (ascendc_pack::BundleError), 3 bad inputs.
 #include <ascendc_pack/runtime.hpp>
 
@@ -79,9 +81,11 @@ int main(int argc, char** argv) {
     } else if (a == "--trusted-key" && i + 1 < argc) {
       if (!options.trusted_keys) options.trusted_keys.emplace();
       options.trusted_keys->push_back(argv[++i]);
-    }
+    } else if (a == "--threads" && i + 1 < argc) options.threads = std::atoi(argv[++i]);
     else { std::cerr << "unknown argument " << a << "\n"; return 1; }
   }
+  // the cap covers this program's own tensor work too (preparing inputs), not only the calls
+  if (options.threads > 0) at::set_num_threads(options.threads);
   try {
     auto t0 = std::chrono::steady_clock::now();
     auto model = ascendc_pack::Model::load(dir, options);
@@ -114,6 +118,12 @@ int main(int argc, char** argv) {
       if (!out_prefix.empty()) write_raw(out_prefix + std::to_string(o) + ".bin", outputs[o]);
     }
     std::printf("latency p50 %.3f ms over %d call(s)\n", ms[ms.size() / 2], repeat);
+    if (options.threads > 0) {
+      std::ifstream status("/proc/self/status");
+      std::string line;
+      while (std::getline(status, line))
+        if (line.rfind("Threads:", 0) == 0) std::printf("threads: cap %d, process %d\n", options.threads, std::atoi(line.c_str() + 8));
+    }
     if (check_bad && !inputs.empty()) {
       std::vector<std::vector<at::Tensor>> bad(3, pristine);
       bad[0].pop_back();                                               // wrong count

@@ -6,11 +6,17 @@ or a compiler, so a bundle runs on a machine without g++.
 
 from __future__ import annotations
 
-from importlib import resources
-from pathlib import Path
+# First, before anything imports torch: libgomp reads its wait policy once, when torch loads it.
+from .threads import WaitPolicy, apply_wait_policy as _apply_wait_policy
 
-from .constants import FORMAT_VERSION, GRAPH_ABI_VERSION, KERNEL_ABI_VERSION
-from .constants import VERSION as __version__
+WAIT_POLICY: WaitPolicy = _apply_wait_policy()
+"""What the runtime's OpenMP wait policy is and where it came from (:mod:`.threads`)."""
+
+from importlib import resources  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from .constants import FORMAT_VERSION, GRAPH_ABI_VERSION, KERNEL_ABI_VERSION  # noqa: E402
+from .constants import VERSION as __version__  # noqa: E402
 
 
 def include_dir() -> Path:
@@ -28,5 +34,6 @@ from .verify import VerifyReport, read_manifest, verify_bundle  # noqa: E402
 
 __all__ = [
     "__version__", "FORMAT_VERSION", "GRAPH_ABI_VERSION", "KERNEL_ABI_VERSION", "include_dir", "load", "Model",
-    "TensorSpec", "Manifest", "verify_bundle", "VerifyReport", "read_manifest", *_error_names,
+    "TensorSpec", "Manifest", "verify_bundle", "VerifyReport", "read_manifest", "WAIT_POLICY", "WaitPolicy",
+    *_error_names,
 ]

@@ -1,5 +1,8 @@
 """``python -m ascendc_pack_runtime {inspect,verify,run,extract} BUNDLE`` (runtime-only machines).
 
+Importing the package first sets the OpenMP wait policy before torch loads libgomp
+(:mod:`ascendc_pack_runtime.threads`), so these commands always run under it.
+
 The same commands as ``ascendc-pack inspect|verify|run``, plus ``extract``, which verifies a
 bundle, extracts it into the runtime cache and prints the directory (what the C++ API loads).
 """
@@ -16,6 +19,26 @@ def _trust_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trusted-key", action="append", default=None, metavar="KEY",
                         help="refuse the bundle unless signed by this public key (ed25519:<hex> or a .pub file; "
                              "repeatable; default: $ASCENDC_PACK_RUNTIME_TRUSTED_KEYS)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--warmup", type=int, default=1)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--cache-dir", default=None)
+    a.add_argument("--threads", type=_positive, default=None,
+                   help="cap every call at N threads (fused kernels and torch's intra-op threads)")
+    a.add_argument("--check", default=None, metavar="MODEL.py",
+                   help="compare the outputs with MODEL.py's eager module on the same inputs (exit 1 on mismatch)")
+    a.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance of --check (default: per dtype)")
+    a.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance of --check (default: per dtype)")
+    a.add_argument("--save-outputs", default=None, metavar="F.npz",
+                   help="write the outputs to an .npz named by the manifest's output names (needs numpy)")
     _trust_option(a)
     a = sub.add_parser("extract", help="verify and extract into the cache; print the directory")
     a.add_argument("bundle")
@@ -55,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         lines, rc, _ = tools.run_bundle(args.bundle, inputs_file=args.inputs, repeat=args.repeat,
                                         warmup=args.warmup, seed=args.seed, cache_dir=args.cache_dir,
-                                        trusted_keys=args.trusted_key)
+                                        trusted_keys=args.trusted_key, threads=args.threads, check=args.check,
+                                        atol=args.atol, rtol=args.rtol, save_outputs=args.save_outputs)
         print("\n".join(lines), file=sys.stderr if rc else sys.stdout)
         return rc
     text, rc = tools.extract(args.bundle, args.cache_dir, "full" if args.full else "sizes", args.trusted_key)

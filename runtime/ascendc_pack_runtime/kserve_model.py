@@ -85,9 +85,9 @@ class _Pool:
                 close()
 
 
-def bundle_runner(path: str | Path, cache_dir: str | Path | None = None) -> Runner:
+def bundle_runner(path: str | Path, cache_dir: str | Path | None = None, threads: int | None = None) -> Runner:
     """A runner that is a freshly loaded runtime Model of ``path`` (its own buffers)."""
-    return load(path, cache_dir=cache_dir).run_flat
+    return load(path, cache_dir=cache_dir, threads=threads).run_flat
 
 
 class AscpackModel(kserve.Model):
@@ -100,14 +100,15 @@ class AscpackModel(kserve.Model):
         workers: model instances that serve requests in parallel.
         runner_factory: makes one runner (default: loads the bundle); the eager comparison in
             ``ascendc-pack serve --eager`` passes one that runs the PyTorch module.
+        threads: thread cap of each instance's calls (``load(..., threads=)``; None: none).
     """
 
     def __init__(self, bundle: str | Path, name: str | None = None, *, workers: int = 1,
                  runner_factory: Callable[[], Runner] | None = None,
-                 cache_dir: str | Path | None = None, platform: str | None = None):
+                 cache_dir: str | Path | None = None, platform: str | None = None, threads: int | None = None):
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-        first = load(bundle, cache_dir=cache_dir)
+        first = load(bundle, cache_dir=cache_dir, threads=threads)
         try:
             name = check_model_name(name or first.name)
             self.signature = Signature(name, tuple(first.input_specs), tuple(first.output_specs))
@@ -117,6 +118,7 @@ class AscpackModel(kserve.Model):
         super().__init__(name, return_response_headers=True)
         self.bundle = Path(bundle)
         self.workers = workers
+        self.threads = threads
         self.input_specs, self.output_specs = list(first.input_specs), list(first.output_specs)
         self._inputs_meta = v2.metadata(self.input_specs)
         self._outputs_meta = v2.metadata(self.output_specs)
@@ -124,7 +126,7 @@ class AscpackModel(kserve.Model):
         self.input_bytes = sum(prod(s.shape) * s.dtype.itemsize for s in self.input_specs)
         if runner_factory is None:  # the instance loaded for the metadata is the first runner
             spare: list[Runner] = [first.run_flat]
-            self._factory = lambda: spare.pop() if spare else bundle_runner(self.bundle, cache_dir)
+            self._factory = lambda: spare.pop() if spare else bundle_runner(self.bundle, cache_dir, threads)
         else:
             first.close()
             self._factory = runner_factory

@@ -31,6 +31,7 @@ from .errors import FormatNameError, FormatVersionError, ManifestJSONError, Memb
 from .names import check_member_name, path_conflicts
 from .outputs import count_leaves
 from .outputs import validate as validate_tree
+from .manifest_tactics import TacticCandidate, TacticStep
 from .schema import MAX_COUNT, Fields, field_error, is_int, loads, show
 from .tensor_meta import itemsize, span_elems
 
@@ -212,8 +213,10 @@ class Weights:
 
 @dataclass(frozen=True)
 class Graph:
-    """graph.so: its member, source member, operator namespace, graph ABI, g++ flags, and the
-    memory plan report (``memory``: informational JSON, not read by the runtime)."""
+    """graph.so: its member, source member, operator namespace, graph ABI, g++ flags, the
+    memory plan report (``memory``: informational JSON, not read by the runtime) and, optionally,
+    ``aten_ops``: how many times each ATen operator runs as a plain call per model call (the
+    steps neither fused nor a tactic; operator name -> count)."""
 
     library: str
     source: str
@@ -221,18 +224,26 @@ class Graph:
     abi: int
     flags: tuple[str, ...]
     memory: Mapping[str, Any] = field(default_factory=dict)
+    aten_ops: Mapping[str, int] | None = None
 
     @staticmethod
     def from_json(d: object, where: str = "graph") -> Graph:
         f = Fields(d, where)
+        ops = f.get("aten_ops", lambda v: isinstance(v, dict) and all(
+            isinstance(k, str) and is_int(n) and 0 <= n < MAX_COUNT for k, n in v.items()),
+            "an object of operator name -> count", optional=True)
         return Graph(f.str("library"), f.str("source"),
                      f.str("namespace", pattern=_NAMESPACE_RE, what="'ascpack_' followed by 8-64 hex digits"),
                      f.int("abi", 0, MAX_COUNT), f.strs("flags"),
-                     f.get("memory", lambda v: isinstance(v, dict), "a JSON object"))
+                     f.get("memory", lambda v: isinstance(v, dict), "a JSON object"),
+                     MappingProxyType(dict(ops)) if ops is not None else None)
 
     def to_json(self) -> dict:
-        return {"library": self.library, "source": self.source, "namespace": self.namespace, "abi": self.abi,
-                "flags": list(self.flags), "memory": self.memory}
+        d = {"library": self.library, "source": self.source, "namespace": self.namespace, "abi": self.abi,
+             "flags": list(self.flags), "memory": self.memory}
+        if self.aten_ops is not None:
+            d["aten_ops"] = dict(self.aten_ops)
+        return d
 
 
 def kernel_key_of(tiling_repr: str, workspace: int, block_dim: int) -> str:
@@ -409,6 +420,7 @@ class Manifest:
     members: Mapping[str, Member]
     format: str = FORMAT_NAME
     out_tree: Mapping | None = None   # the output structure (ascendc_pack_runtime.outputs); optional
+    tactics: tuple[TacticStep, ...] | None = None   # the tactic steps (optional: absent before tactics)
 
     def __post_init__(self):
         # a read-only view: the manifest is frozen all the way down (members are looked up by name)
@@ -443,6 +455,7 @@ class Manifest:
             kernels=tuple(Kernel.from_json(v, w) for v, w in f.list("kernels")),
             members=members,
             out_tree=_out_tree(d.get("out_tree")),
+            tactics=tuple(TacticStep.from_json(v, w) for v, w in f.list("tactics")) if "tactics" in d else None,
         )
         m.validate()
         return m
@@ -527,6 +540,7 @@ class Manifest:
             **({"out_tree": self.out_tree} if self.out_tree is not None else {}),
             "weights": self.weights.to_json(), "graph": self.graph.to_json(),
             "kernels": [k.to_json() for k in self.kernels],
+            **({"tactics": [t.to_json() for t in self.tactics]} if self.tactics is not None else {}),
             "members": {name: info.to_json() for name, info in self.members.items()},
         }
 
@@ -545,5 +559,5 @@ class Manifest:
 
 
 __all__ = ["Manifest", "Producer", "Target", "TorchBuild", "IOSpec", "Mutation", "WeightSpec", "Weights",
-           "Graph", "Candidate", "Kernel", "Member", "loads", "parse", "field_error", "check_member_name",
+           "Graph", "Candidate", "Kernel", "TacticCandidate", "TacticStep", "Member", "loads", "parse", "field_error", "check_member_name",
            "path_conflicts", "kernel_key_of"]

@@ -28,6 +28,7 @@ from .extract import Extracted, check_libraries, open_bundle
 from .manifest import IOSpec, Manifest
 from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
+from .threads import check_threads
 
 _LOAD_LOCK = threading.Lock()
 
@@ -108,12 +109,14 @@ class Model:
         manifest: the bundle's manifest as JSON (dict); ``contract`` the same, typed.
         input_specs / output_specs: :class:`TensorSpec` per model input / flat output.
         directory: where the verified bundle was extracted.
+        threads: the thread cap of its calls (None: none), see :func:`load`.
 
     Calls are serialized per Model (the graph's planned buffers are shared by calls); load
     the bundle once per thread for parallel calls.
     """
 
-    def __init__(self, extracted: Extracted):
+    def __init__(self, extracted: Extracted, threads: int | None = None):
+        self.threads = check_threads(threads)
         m = extracted.contract if extracted.contract is not None else Manifest.from_json(extracted.manifest)
         self.contract = m
         self.manifest = extracted.manifest
@@ -143,6 +146,8 @@ class Model:
             raise cls(f"{self.path}: the graph ({lib}) refused to load: {msg}; rebuild the bundle",
                       member=member, fix="rebuild the bundle") from None
         self._run = self._ops.run
+        if self.threads is not None:
+            _cap_kernel_threads(self._ops, self._handle, self.threads, self.name)
         # per input: (dtype, shape, exact stride) accepted without any copy or further check
         self._fast = [(sp.dtype, torch.Size(sp.shape), sp.stride) for sp in self.input_specs]
 
@@ -187,6 +192,17 @@ class Model:
 
     def run_flat(self, *inputs) -> list[torch.Tensor]:
         """Call the graph and return its outputs flat (the order of ``output_specs``)."""
+        if self.threads is not None:  # torch's intra-op threads on this thread, for this call
+            before = torch.get_num_threads()
+            if before != self.threads:
+                torch.set_num_threads(self.threads)
+                try:
+                    return self._run_flat(inputs)
+                finally:
+                    torch.set_num_threads(before)
+        return self._run_flat(inputs)
+
+    def _run_flat(self, inputs: tuple) -> list[torch.Tensor]:
         if self._handle is None:
             raise RuntimeError(f"model {self.name!r} was closed")
         prepared, copies = self._prepare(inputs)
@@ -283,6 +299,18 @@ def _graph_ops(directory: Path, m: Manifest):
     return ops
 
 
+def _cap_kernel_threads(ops, handle: int, threads: int, name: str) -> None:
+    """Cap the fused kernels' threads (graph op ``set_threads``; graphs built before it lack it)."""
+    try:
+        set_threads = ops.set_threads
+    except (AttributeError, RuntimeError):
+        warnings.warn(f"model {name!r}: its graph.so predates thread caps, so threads={threads} caps torch's "
+                      "intra-op threads only and its fused kernels use their tuned block_dim; rebuild the bundle "
+                      "to cap them too", RuntimeWarning, stacklevel=4)
+        return
+    set_threads(handle, threads)
+
+
 def _registered(ops) -> bool:
     try:
         ops.run  # noqa: B018 - attribute lookup resolves the operator
@@ -293,7 +321,7 @@ def _registered(ops) -> bool:
 
 
 def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes",
-         trusted_keys=None) -> Model:
+         trusted_keys=None, threads: int | None = None) -> Model:
     """Verify, extract (content-addressed, atomic) and load an ``.ascpack`` bundle.
 
     ``cache_dir`` defaults to ``$ASCENDC_PACK_RUNTIME_CACHE`` or
@@ -302,8 +330,15 @@ def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str =
     ``ed25519:<hex>`` or key files; default ``$ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``) refuses any
     bundle not signed by one of them, before anything is extracted or loaded. Raises a
     :class:`~ascendc_pack_runtime.errors.BundleError` subclass that names the problem and the fix.
+
+    ``threads`` caps every call at that many threads: the fused kernels (at most their tuned
+    block_dim) and torch's intra-op threads for the ATen steps, set on the calling thread for
+    the call and restored after (a per-thread OpenMP setting: other threads keep theirs).
+    None (default): the kernels use their block_dim and torch its current setting. On a shared
+    host, cap each of K models served side by side at cores // K (:mod:`.threads`).
     """
-    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys))
+    threads = check_threads(threads)
+    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys), threads)
 
 
 __all__ = ["load", "Model", "TensorSpec"]

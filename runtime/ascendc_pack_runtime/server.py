@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .threads import check_threads, per_instance_threads
+
 logger = logging.getLogger("kserve.ascendc_pack")
 
 
@@ -37,6 +39,9 @@ class ServeOptions:
     port: int = 8080
     workers: int = 1
     """Model instances serving requests in parallel (not uvicorn processes)."""
+    threads: int | None = None
+    """Thread cap of each instance's calls (fused kernels and torch's intra-op threads); None:
+    none for one instance, torch's thread count // ``workers`` for several (:mod:`.threads`)."""
     access_log: bool = True
     max_body_bytes: int | None = None
     """Largest request body after decompression; None: :func:`default_max_body_bytes`."""
@@ -51,6 +56,7 @@ class ServeOptions:
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+        check_threads(self.threads)
         if not isinstance(self.limit_concurrency, int) or self.limit_concurrency < 1:
             raise ValueError(f"limit_concurrency must be an integer >= 1, got {self.limit_concurrency!r}")
         if self.max_body_bytes is not None and self.max_body_bytes < 1:
@@ -92,8 +98,11 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
 
     from .http_edge import EdgeLimits
 
+    from . import WAIT_POLICY
+
+    threads = per_instance_threads(options.workers, options.threads)
     model = kserve_model.AscpackModel(bundle, name, workers=options.workers, runner_factory=runner_factory,
-                                      platform=platform, cache_dir=cache_dir)
+                                      platform=platform, cache_dir=cache_dir, threads=threads)
     limits = EdgeLimits(max_body_bytes=options.max_body_bytes or default_max_body_bytes(model.input_bytes),
                         header_timeout_s=options.header_timeout_s, body_timeout_s=options.body_timeout_s,
                         max_header_bytes=options.max_header_bytes)
@@ -117,10 +126,11 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     server.servers.append(rest.start())
     threading.Thread(target=load_in_background, name="ascpack-load", daemon=True).start()
     server.register_signal_handler()
-    logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), body limit %d bytes, header/body "
-                "timeouts %g/%g s, concurrency limit %d)", bundle, model.name, options.host, options.port,
-                options.workers, limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s,
-                options.limit_concurrency)
+    logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), %s, body limit %d bytes, "
+                "header/body timeouts %g/%g s, concurrency limit %d); %s", bundle, model.name, options.host,
+                options.port, options.workers, f"at most {threads} thread(s) each" if threads else "no thread cap",
+                limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s, options.limit_concurrency,
+                WAIT_POLICY.describe())
     try:
         asyncio.run(server._serve())
     finally:
@@ -136,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--host", default=d.host, help="default %(default)s (this machine only)")
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument("--threads", type=int, default=None,
+                   help="thread cap per instance (default: none for one instance, torch's threads // workers)")
     p.add_argument("--no-access-log", action="store_true")
     p.add_argument("--max-body-mb", type=float, default=None)
     p.add_argument("--header-timeout", type=float, default=d.header_timeout_s)
@@ -143,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--keep-alive", type=float, default=d.keep_alive_s)
     p.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency)
     a = p.parse_args(argv)
-    options = ServeOptions(host=a.host, port=a.port, workers=a.workers, access_log=not a.no_access_log,
+    options = ServeOptions(host=a.host, port=a.port, workers=a.workers, threads=a.threads, access_log=not a.no_access_log,
                            max_body_bytes=None if a.max_body_mb is None else int(a.max_body_mb * 2**20),
                            header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
                            keep_alive_s=a.keep_alive, limit_concurrency=a.limit_concurrency)

@@ -3,7 +3,8 @@
 Used by ``ascendc-pack inspect|verify|run`` (click, in ``ascendc_pack.cli``) and by
 ``python -m ascendc_pack_runtime`` (argparse, for machines with the runtime only). Every
 function returns text / data and an exit status instead of printing, so both front ends share
-one implementation; only torch, zstandard and (for ``--inputs FILE.npz``) numpy are needed.
+one implementation; only torch, zstandard and (for ``--inputs``/``--save-outputs`` .npz files)
+numpy are needed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def _spec(s: IOSpec) -> str:
 
 def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
     """A readable summary of a manifest: model, target, io, weights, kernels with every
-    candidate's median time, the chosen one and whether PGO visited it."""
+    candidate's median time, the chosen one and whether PGO visited it, the tactic steps likewise,
+    and the ATen operators that stayed plain calls (with counts)."""
     lines = [f"bundle   {path}" if path is not None else "bundle",
              f"model    {m.model_name}  (format {m.format} v{m.format_version}, built by {m.producer.name} "
              f"{m.producer.version})"]
@@ -59,7 +61,9 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
                      f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
                      + ", ".join(f"{k} {v}" for k, v in sorted(steps.items() if isinstance(steps, dict) else [])))
     visited = sum(1 for k in m.kernels if k.visited)
-    lines.append(f"kernels  {len(m.kernels)} fused, {visited} visited by PGO")
+    gemm = sum(1 for k in m.kernels if k.name.startswith("gemm_"))  # generated GEMMs of tactic steps
+    kinds = f"{len(m.kernels) - gemm} fused" + (f" + {gemm} GEMM" if gemm else "")
+    lines.append(f"kernels  {kinds}, {visited} visited by PGO")
     for k in m.kernels:
         tag = "visited" if k.visited else "not visited (candidate 0 kept)"
         lines.append(f"  {k.name}  chosen #{k.chosen_index} key {k.kernel_key}  "
@@ -69,10 +73,42 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
             mark = "*" if c.index == k.chosen_index else " "
             timing = "failed" if c.failed else ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
             lines.append(f"    {mark} #{c.index} {timing:>12}  block_dim {c.block_dim}  {c.tiling_repr}")
+    lines += _tactic_lines(m)
     lines.append(f"members  {len(m.members)} files, {_fmt_bytes(m.declared_bytes)} uncompressed")
     for name, info in m.members.items():
         lines.append(f"  {name}  {_fmt_bytes(info.size)}  sha256 {info.sha256[:16]}...")
     return "\n".join(lines)
+
+
+def _tactic_lines(m: Manifest) -> list[str]:
+    """The tactic steps (every candidate's median, the chosen one per use) and the ATen
+    operators that run as plain calls, with counts."""
+    lines = []
+    if m.tactics is not None:
+        chosen = {}
+        for t in m.tactics:
+            for u in t.uses or ({"chosen_index": t.chosen_index},):
+                name = t.candidates[u["chosen_index"]].name
+                chosen[(t.kind, name)] = chosen.get((t.kind, name), 0) + 1
+        total = sum(len(t.uses) or 1 for t in m.tactics)
+        summary = ", ".join(f"{kind} {name} x{n}" for (kind, name), n in sorted(chosen.items()))
+        lines.append(f"tactics  {total} heavy steps ({len(m.tactics)} distinct): {summary or '-'}")
+        for t in m.tactics:
+            picks = sorted({u["chosen_index"] for u in t.uses}) or [t.chosen_index]
+            tag = "visited" if t.visited else "not visited (candidate 0 kept)"
+            uses = f" x{len(t.uses)}" if len(t.uses) > 1 else ""
+            lines.append(f"  {t.name}{uses}  {t.kind}, chosen "
+                         + ", ".join(f"#{i} {t.candidates[i].name}" for i in picks) + f"  [{tag}]")
+            for c in t.candidates:
+                mark = "*" if c.index in picks else " "
+                timing = ("disqualified" if c.disqualified else "failed") if c.failed else \
+                    ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
+                lines.append(f"    {mark} #{c.index} {timing:>12}  {c.name}  key {c.key}")
+    ops = m.graph.aten_ops
+    if ops is not None:
+        listed = ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in ops.items())
+        lines.append(f"aten ops {sum(ops.values())} plain ATen calls per model call: {listed or 'none'}")
+    return lines
 
 
 def inspect_bundle(path: Path | str, as_json: bool = False) -> tuple[str, int]:
@@ -116,10 +152,7 @@ def _load_inputs(model, inputs_file: str | None, seed: int):
                 t = torch.randint(0, 10, s.shape, generator=g, dtype=s.dtype)
             out.append(t)
         return out
-    try:
-        import numpy as np
-    except ImportError:
-        raise ValueError("--inputs FILE.npz needs numpy; install it or use --random") from None
+    np = _numpy("--inputs FILE.npz")
     with np.load(inputs_file, allow_pickle=False) as data:
         keys = list(data.keys())
         if all(s.name in keys for s in specs):
@@ -142,19 +175,34 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int = 20, warmup: int = 1,
-               seed: int = 0, cache_dir: str | None = None, trusted_keys=None) -> tuple[list[str], int, dict]:
-    """(lines, exit status, results) of ``run``: load, call ``warmup + repeat`` times, report
-    output dtypes/shapes and latency percentiles (milliseconds)."""
+               seed: int = 0, cache_dir: str | None = None, trusted_keys=None, threads: int | None = None,
+               check: str | None = None, rtol: float | None = None, atol: float | None = None,
+               save_outputs: str | None = None) -> tuple[list[str], int, dict]:
+    """(lines, exit status, results) of ``run``: load (``threads``: see :func:`~.load`), call
+    ``warmup + repeat`` times, report output dtypes/shapes and latency percentiles (ms).
+
+    ``check``: a model file whose eager module gets the same inputs; every output must match by
+    the accuracy rule (:mod:`.accuracy`; ``rtol``/``atol`` override it), else exit status 1.
+    ``save_outputs``: write the first call's outputs to this ``.npz``, one array per output
+    named after the manifest's outputs (needs numpy)."""
     import torch
     from torch.utils import _pytree as pytree
 
+    from . import WAIT_POLICY
     from .model import load
 
     if repeat < 1:
         return ["error: --repeat must be at least 1"], 1, {}
     try:
+        if save_outputs is not None:
+            _numpy("--save-outputs F.npz")
+        reference = None
+        if check is not None:
+            from .eager import load_eager_module
+
+            reference = load_eager_module(check)
         t0 = time.perf_counter()
-        model = load(path, cache_dir=cache_dir, trusted_keys=trusted_keys)
+        model = load(path, cache_dir=cache_dir, trusted_keys=trusted_keys, threads=threads)
         load_ms = (time.perf_counter() - t0) * 1e3
         inputs = _load_inputs(model, inputs_file, seed)
         mutates = bool(model.contract.mutations)
@@ -177,7 +225,10 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
     lines = [f"model {model.name}: loaded in {load_ms:.1f} ms from {model.directory}",
              f"inputs: {'random (seed %d)' % seed if inputs_file is None else inputs_file}: "
              + ", ".join(f"{s.name} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-                         for s, t in zip(model.input_specs, inputs))]
+                         for s, t in zip(model.input_specs, inputs)),
+             (f"threads: cap {threads} (fused kernels and torch's intra-op threads during calls); " if threads else
+              f"threads: no cap (fused kernels: their block_dim; torch intra-op: {torch.get_num_threads()}); ")
+             + WAIT_POLICY.describe()]
     outputs = []
     for i, t in enumerate(flat):
         if isinstance(t, torch.Tensor):
@@ -192,8 +243,57 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
     lines.append(f"latency over {repeat} call(s) (+{warmup} warm-up): " +
                  ", ".join(f"{k} {v:.3f} ms" for k, v in pct.items()) +
                  f", min {times[0]:.3f} ms, max {times[-1]:.3f} ms")
+    names = [s.name for s in model.output_specs]
     model.close()
-    return lines, 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms}
+    rc, results = 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms}
+    if save_outputs is not None:
+        line, rc = _save_outputs(save_outputs, names, flat)
+        lines.append(line)
+    if reference is not None:
+        from .eager import compare_with_eager
+
+        checks, problem = compare_with_eager(reference, inputs, flat, names, rtol=rtol, atol=atol)
+        lines.append(f"check against {check} (eager, same inputs):")
+        lines += [f"  {c.describe()}" for c in checks]
+        bad = sum(not c.ok for c in checks)
+        lines.append("check: OK" if problem is None else
+                     f"check: MISMATCH: {bad} of {len(checks)} output(s) differ from eager" if bad else
+                     f"check: MISMATCH: {problem}")
+        rc = max(rc, 0 if problem is None else 1)
+        results["check"] = [{"name": c.name, "max_error": c.max_error, "allowed": c.allowed, "ok": c.ok}
+                            for c in checks]
+    return lines, rc, results
+
+
+def _numpy(what: str):
+    try:
+        import numpy
+    except ImportError:
+        raise ValueError(f"{what} needs numpy, which is not installed: pip install numpy") from None
+    return numpy
+
+
+def _save_outputs(path: str, names: list[str], flat: list) -> tuple[str, int]:
+    """Write the outputs to an .npz named by the manifest's output names: (report line, status)."""
+    import torch
+
+    np = _numpy("--save-outputs F.npz")
+    arrays, widened = {}, []
+    for name, t in zip(names, flat):
+        if not isinstance(t, torch.Tensor):
+            arrays[name] = np.asarray(t)
+            continue
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: widen exactly
+            widened.append(name)
+            t = t.float()
+        arrays[name] = t.detach().resolve_conj().contiguous().numpy()
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+    except OSError as e:
+        return f"error: cannot write --save-outputs {path}: {e}", 1
+    note = f" ({', '.join(widened)}: bfloat16 saved as float32)" if widened else ""
+    return f"saved {len(arrays)} output(s) to {path}: {', '.join(arrays)}{note}", 0
 
 
 def extract(path: Path | str, cache_dir: str | None = None, verify: str = "sizes",

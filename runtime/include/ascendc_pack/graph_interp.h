@@ -9,7 +9,7 @@
 // copies the template, drops in the tensors and calls the kernel), fused kernels are static
 // kernel libraries (ascendc_pack/kernel_abi.h) found relative to the bundle root and checked
 // against the kernel_key baked into graph.cpp, torch.cond is a branch. It registers the
-// operators <ns>::{init, run, release, signature}; `ns` comes from graph.cpp.
+// operators <ns>::{init, run, release, signature, set_threads}; `ns` comes from graph.cpp.
 #ifndef ASCENDC_PACK_GRAPH_INTERP_H_
 #define ASCENDC_PACK_GRAPH_INTERP_H_
 
@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ascendc_pack/gemm_abi.h"
 #include "ascendc_pack/graph_program.h"
 #include "ascendc_pack/kernel_abi.h"
 
@@ -199,11 +201,27 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
   return k;
 }
 
-inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws) {
-  int rc = k.launch(ins, outs, ws, 0);
+inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws, int32_t max_threads) {
+  int rc = k.launch(ins, outs, ws, max_threads);
   if (rc != 0)
     fail(std::string("fused kernel ") + k.spec->name + " (kernel_key " + k.spec->kernel_key +
          ") failed with status " + std::to_string(rc));
+}
+
+// A GEMM kernel's constant B packed once, at load, by the library's own ap_gemm_pack_b (the
+// packed layout depends on the candidate's NR and the host ISA it was built for: never stored).
+at::Tensor pack_b(const Kernel& k, const at::Tensor& b, int64_t nbytes) {
+  auto describe = reinterpret_cast<const ap_gemm_info* (*)()>(dlsym(k.handle, "ap_gemm_describe"));
+  auto pack = reinterpret_cast<int (*)(const void*, void*, int32_t)>(dlsym(k.handle, "ap_gemm_pack_b"));
+  std::string where = std::string("GEMM kernel ") + k.spec->name;
+  if (!describe || !pack) fail(where + " does not export ap_gemm_describe/ap_gemm_pack_b; rebuild the bundle");
+  const ap_gemm_info* info = describe();
+  if (!info || !info->b_packed || info->packed_b_bytes != nbytes)
+    fail(where + " packs B into " + std::to_string(info ? info->packed_b_bytes : -1) +
+         " bytes, the graph planned " + std::to_string(nbytes) + "; the bundle is inconsistent, rebuild it");
+  at::Tensor packed = empty_strided({(nbytes + 3) / 4}, {1}, c10::ScalarType::Float);
+  if (pack(b.data_ptr(), packed.data_ptr(), 0) != 0) fail(where + ": ap_gemm_pack_b failed");
+  return packed;
 }
 
 // ---- io checks -----------------------------------------------------------------------------
@@ -235,6 +253,7 @@ struct State {
   std::vector<at::Tensor> t;      // static tensors: planned buffers and views of static tensors
   std::vector<Op> ops;
   std::vector<Kernel> kernels;
+  int32_t max_threads = 0;        // every fused kernel's thread cap (set_threads); 0: its block_dim
   ~State() {
     for (auto& k : kernels)
       if (k.handle) dlclose(k.handle);
@@ -286,6 +305,9 @@ c10::IValue constant(const ap_arg& a) {
     case AP_ARG_WRAPPED_INT: return c10::IValue(wrapped_scalar<int64_t>(a.i, c10::ScalarType::Long));
     case AP_ARG_WRAPPED_DOUBLE: return c10::IValue(wrapped_scalar<double>(a.d, c10::ScalarType::Double));
     case AP_ARG_WRAPPED_BOOL: return c10::IValue(wrapped_scalar<bool>(a.i != 0, c10::ScalarType::Bool));
+    case AP_ARG_OPTIONAL_SCALARS:
+      if (a.n != 0) fail("internal error: only an empty Scalar?[] constant is supported");
+      return c10::IValue(c10::List<std::optional<c10::Scalar>>());
     case AP_ARG_TENSOR: case AP_ARG_TENSORS: case AP_ARG_OPTIONAL_TENSORS:
       return c10::IValue();  // filled in at load or per call
   }
@@ -328,7 +350,7 @@ void launch_kernel(const ap_insn& x, Frame& f) {
   for (int32_t k = 0; k < x.nrefs; ++k) ptrs.push_back(f[x.refs[k]].data_ptr());
   ptrs.push_back(nullptr);  // never an empty array
   void* ws = x.src.space == AP_NOWHERE ? nullptr : f[x.src].data_ptr();
-  launch(f.S.kernels[x.a], ptrs.data(), ptrs.data() + x.b, ws);
+  launch(f.S.kernels[x.a], ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
 }
 
 void exec(const ap_insn* code, int32_t n, Frame& f) {
@@ -349,6 +371,7 @@ void exec(const ap_insn* code, int32_t n, Frame& f) {
         if (!(x.a < 0 ? truthy(f[x.src]) : x.a != 0)) pc = x.b;
         break;
       case AP_JUMP: pc = x.b; break;
+      case AP_PACK_B: f[x.dst] = pack_b(f.S.kernels[x.a], f[x.src], x.nbytes); break;
       default: fail("internal error: unknown instruction " + std::to_string(x.code));
     }
   }
@@ -421,11 +444,21 @@ void graph_release(int64_t handle) {
 
 std::string graph_signature() { return G.signature; }
 
+// Cap the threads of every fused kernel of this graph state (the kernel ABI's max_threads);
+// threads <= 0 lifts the cap (each kernel uses its tuned block_dim). ATen steps follow the
+// calling thread's intra-op setting (at::set_num_threads), which the runtime sets per call.
+void graph_set_threads(int64_t handle, int64_t threads) {
+  auto holder = get_state(handle);
+  std::lock_guard<std::mutex> lock(holder->mu);
+  holder->max_threads = threads > 0 ? int32_t(std::min<int64_t>(threads, 1 << 20)) : 0;
+}
+
 void define_ops(torch::Library& m) {
   m.def("init(Tensor[] weights, str root) -> int", &graph_init);
   m.def("run(int handle, Tensor[] inputs) -> Tensor[]", &graph_run);
   m.def("release(int handle) -> ()", &graph_release);
   m.def("signature() -> str", &graph_signature);
+  m.def("set_threads(int handle, int threads) -> ()", &graph_set_threads);
 }
 
 // TORCH_LIBRARY with the namespace graph.cpp names (ap_graph_program is constant-initialized,

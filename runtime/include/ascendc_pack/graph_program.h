@@ -63,6 +63,7 @@ enum ap_arg_kind : int32_t {
   AP_ARG_DTYPE, AP_ARG_LAYOUT_STRIDED, AP_ARG_MEMORY_FORMAT, AP_ARG_DEVICE_CPU,
   AP_ARG_WRAPPED_INT, AP_ARG_WRAPPED_DOUBLE, AP_ARG_WRAPPED_BOOL, /* a number passed as a Tensor */
   AP_ARG_TENSOR, AP_ARG_TENSORS, AP_ARG_OPTIONAL_TENSORS,         /* registers, read per use */
+  AP_ARG_OPTIONAL_SCALARS,  /* an empty Scalar?[] (the post-op scalars of oneDNN tactic ops) */
 };
 
 struct ap_arg {
@@ -128,6 +129,7 @@ enum ap_code : int32_t {
   AP_COPY,      /* dst.copy_(src): an input mutation written back */
   AP_BRANCH,    /* if not (a < 0 ? truthy(src) : a != 0): jump to instruction b */
   AP_JUMP,      /* jump to instruction b */
+  AP_PACK_B,    /* (init) dst := src packed by GEMM kernel a's ap_gemm_pack_b (nbytes, gemm_abi.h) */
 };
 
 struct ap_dyn_arg {

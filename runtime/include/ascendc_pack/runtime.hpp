@@ -29,6 +29,7 @@
 #define ASCENDC_PACK_RUNTIME_HPP
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/headeronly/version.h>
 
@@ -78,6 +79,10 @@ struct LoadOptions {
   // variable ASCENDC_PACK_RUNTIME_TRUSTED_KEYS (','-separated), else no policy. Needs
   // libcrypto at run time (rt/trust.hpp).
   std::optional<std::vector<std::string>> trusted_keys;
+  // Thread cap of every run() (0: none): the fused kernels' threads (the graph's set_threads;
+  // graphs built before it ignore it) and at::set_num_threads on the calling thread for the
+  // call, restored after (OpenMP's thread count is per thread). See ascendc_pack_runtime.threads.
+  int threads = 0;
 };
 
 namespace detail {
@@ -120,6 +125,23 @@ inline at::ScalarType scalar_type(const std::string& dtype) {
   throw BundleFormatError("manifest.json: dtype '" + dtype + "' is not one this runtime knows; " + kRebuild, "", "dtype",
                           kRebuild);
 }
+
+// at::set_num_threads(n) on this thread for a scope, restored after (n <= 0 or unchanged: nothing)
+class IntraOpThreads {
+ public:
+  explicit IntraOpThreads(int n) : before_(n > 0 ? at::get_num_threads() : 0) {
+    if (n > 0 && n != before_) at::set_num_threads(n);
+    else before_ = 0;
+  }
+  ~IntraOpThreads() {
+    if (before_ > 0) at::set_num_threads(before_);
+  }
+  IntraOpThreads(const IntraOpThreads&) = delete;
+  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
+
+ private:
+  int before_;
+};
 
 inline TensorSpec spec_of(const contract::Tensor& t) {
   return TensorSpec{t.name, scalar_type(t.dtype), t.shape, t.stride, t.input_index};
@@ -181,7 +203,10 @@ class Model {
       }
     }
     torch::jit::Stack st{c10::IValue(handle_), c10::IValue(prepared)};
-    run_op_->callBoxed(&st);
+    {
+      detail::IntraOpThreads cap(threads_);
+      run_op_->callBoxed(&st);
+    }
     std::vector<at::Tensor> out = st.at(0).toTensorVector();
     for (int64_t k : mutated_)
       if (copied[size_t(k)]) inputs[size_t(k)].copy_(prepared[size_t(k)]);
@@ -204,6 +229,7 @@ class Model {
   std::shared_ptr<detail::Mapping> weights_map_;
   std::optional<c10::OperatorHandle> run_op_, release_op_;
   int64_t handle_ = -1;
+  int threads_ = 0;
 
   void load_impl(const std::string& dir_in, const LoadOptions& opt) {
     dir_ = dir_in;
@@ -218,6 +244,13 @@ class Model {
     std::vector<at::Tensor> weights = map_weights(m);
     load_graph(m);
     init_graph(m, weights);
+    if (opt.threads < 0) throw std::invalid_argument("LoadOptions::threads must be >= 0 (0: no cap)");
+    threads_ = opt.threads;
+    if (threads_ > 0)
+      if (auto h = c10::Dispatcher::singleton().findSchema({ns_ + "::set_threads", ""})) {
+        torch::jit::Stack st{c10::IValue(handle_), c10::IValue(int64_t(threads_))};
+        h->callBoxed(&st);
+      }
   }
 
   // 1. a private, symlink-free extraction whose marker is bound to its manifest.json, signed by a

@@ -1,0 +1,208 @@
+"""A lowered tactic step in the graph plan (used by :mod:`ascendc_pack.graph_plan`'s planner).
+
+A dispatcher tactic becomes ATen-style steps the planner renders as boxed calls
+(:func:`tactic_plan`, :func:`plan_tactic`); a generated GEMM becomes a kernel launch with its B
+packed at load (:func:`plan_gemm`).
+
+A tactic (:class:`ascendc_pack.tactics.Tactic`) is data: dispatcher calls by qualified name. The
+planner (:mod:`ascendc_pack.graph_plan`) renders each as a boxed call like any ATen step:
+
+* ``load``: the load-stage derivations (``mkldnn::_reorder_linear_weight``...), run once when the
+  bundle is loaded (their results are static tensors of the graph state, counted in cold start;
+  never stored in the bundle, since oneDNN/MKL packed layouts depend on the host's ISA);
+* ``calls``: reshapes of the step's inputs to the shapes the tactic reads, the per-call ops, and
+  a reshape of the result to the value the program expects.
+
+Names: the tactic's own tensors become ``<output>#<name>`` (unique: the program's value names are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ascendc_pack_runtime.tensor_meta import contiguous_strides
+
+from .executor import resolve_op
+from .graph_aten import RenderError
+from .graph_ir import BufRole, FusedAction, PackAction, Val, ValKind
+from .program import AtenStep, Ref, TacticStep, TensorSpec
+from .tactics import Call, Dtype, MemoryFormat, Tactic
+from .tactics import Ref as TRef
+
+
+@dataclass(frozen=True)
+class TacticPlan:
+    """What the planner renders for one lowered tactic step (see the module docstring);
+    ``values``: the recorded layout of every tensor the steps make."""
+
+    load: tuple
+    calls: tuple
+    values: dict
+    reshape_in: tuple = ()     # (program value, shape, name) per input read with another shape
+    reshape_out: tuple = ()    # (result, shape) when the result has another shape than the value
+
+
+def op_name(qualified: str) -> str:
+    """``"mkldnn::_linear_pointwise.binary"`` -> ``"mkldnn._linear_pointwise.binary"``
+    (the program's spelling; the default overload is ``default``)."""
+    ns, _, rest = qualified.partition("::")
+    name, _, overload = rest.partition(".")
+    return f"{ns}.{name}.{overload or 'default'}"
+
+
+def tactic_plan(step: TacticStep, program_values: dict) -> TacticPlan:
+    """The load-time and per-call steps of a lowered tactic step (``program_values``: the specs
+    of the program's values)."""
+    out_spec = program_values[step.outputs[0]]
+    tactic = Tactic.from_json(step.chosen)
+    prefix = f"{step.outputs[0]}#"
+    recorded = step.values or {}
+    names: dict[str, str] = {}
+    values: dict[str, TensorSpec] = {}
+    calls: list[AtenStep] = []
+    reshape_in = []
+    for t, v in step.bind.items():
+        shape = step.shapes.get(t)
+        if shape is not None and tuple(program_values[v].shape) != tuple(shape):
+            names[t] = prefix + t
+            reshape_in.append((v, tuple(shape), prefix + t))
+        else:
+            names[t] = v
+
+    def convert(c: Call) -> AtenStep:
+        for n in c.refs():
+            names.setdefault(n, prefix + n)
+        names[c.out] = prefix + c.out
+        if c.out in recorded:
+            values[prefix + c.out] = recorded[c.out]
+        # aten::contiguous returns its input or a copy: as a "view" of a planned buffer it would be
+        # made once at load (a stale copy); a clone is a copy on every call (what the relayout is)
+        op = "aten.clone.default" if c.op == "aten::contiguous" else op_name(c.op)
+        args = [_arg(a, names) for a in c.args]
+        kwargs = {k: _arg(v, names) for k, v in c.kwargs}
+        if c.index is None:
+            return AtenStep(op, args, kwargs, [prefix + c.out])
+        outs: list = [None] * len(resolve_op(op)._schema.returns)
+        outs[c.index] = prefix + c.out
+        return AtenStep(op, args, kwargs, outs, multi=True)
+
+    load = [convert(p.call) for p in tactic.prepack if p.when == "load"]
+    calls += [convert(c) for c in tactic.calls]
+    result = names[tactic.output]
+    spec = values.get(result)
+    reshape_out = ()
+    if spec is None or tuple(spec.shape) != tuple(out_spec.shape):
+        reshape_out = (result, tuple(out_spec.shape))
+    else:  # the last call writes the program's value itself
+        last = calls[-1]
+        calls[-1] = AtenStep(last.op, last.args, last.kwargs,
+                             [step.outputs[0] if o == result else o for o in last.outputs], last.multi)
+        values[step.outputs[0]] = spec
+    return TacticPlan(tuple(load), tuple(calls), values, tuple(reshape_in), reshape_out)
+
+
+@dataclass(frozen=True)
+class _Values:
+    """Specs by value name: the program's, plus those of a tactic step's own tensors."""
+
+    values: dict
+
+
+def plan_tactic(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered dispatcher tactic: its derivations at load, then its calls (boxed, like ATen
+    steps; their results take the layouts the tactic really returns, e.g. channels_last)."""
+    tp = tactic_plan(step, program.values)
+    view = _Values({**program.values, **tp.values})
+    actions = [a for src, shape, dst in tp.reshape_in for a in reshape(planner, env, view, src, shape, dst, scope)]
+    actions += [planner.aten_load(s, env, view, scope) for s in tp.load]
+    actions += [planner.aten(s, env, view, scope) for s in tp.calls]
+    if tp.reshape_out:
+        actions += reshape(planner, env, view, tp.reshape_out[0], tp.reshape_out[1], step.outputs[0], scope)
+    return actions
+
+
+def reshape(planner, env: dict, view, src: str, shape: tuple, dst: str, scope: str) -> list:
+    """``dst`` := ``src`` reshaped: a view when its layout allows one, else a view of a contiguous
+    copy. Not ``aten.reshape``: it copies *or* aliases, and the planner must know which (a view of
+    a planned buffer is made once at load; a copy must run on every call)."""
+    v = env[src]
+    acts = []
+    if v.uncertain or not _viewable(v.shape, v.stride, shape):
+        acts.append(planner.aten(AtenStep("aten.clone.default", [Ref(src)], {"memory_format": torch.contiguous_format},
+                                          [f"{dst}#contiguous"]), env, view, scope))
+        src = f"{dst}#contiguous"
+    acts.append(planner.aten(AtenStep("aten.view.default", [Ref(src), list(shape)], {}, [dst]), env, view, scope))
+    return acts
+
+
+def _viewable(shape, stride, new_shape) -> bool:
+    try:
+        torch.empty_strided(shape, stride, device="meta").view(new_shape)
+        return True
+    except RuntimeError:
+        return False
+
+
+def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered GEMM step: its generated kernel launched like a fused kernel, B packed once at
+    load by the library's ``ap_gemm_pack_b`` when the candidate reads it packed."""
+    g, out = step.chosen, step.outputs[0]
+    spec, name = g["gemm"], g["kernel"]
+    m, n, k, dt = spec["m"], spec["n"], spec["k"], spec["dtype"]
+    ref = planner.kernels.get(name)
+    if ref is None:
+        raise RenderError(f"no library for GEMM kernel {name} of tactic step {step.name}")
+    if name not in planner.kernel_order:
+        planner.kernel_order.append(name)
+    index, actions, view = planner.kernel_order.index(name), [], _Values(program.values)
+
+    def operand(t: str, shape: tuple) -> Val:
+        v = env[step.bind[t]]
+        if v.shape != shape:
+            actions.extend(reshape(planner, env, view, step.bind[t], shape, f"{out}#{t}", scope))
+            v = env[f"{out}#{t}"]
+        return planner.kernel_input(name, t, v, (shape, contiguous_strides(shape), dt), actions)
+
+    ins = [operand("x", (m, k))]
+    w = env[step.bind["weight"]]
+    held = (0, w.stride[1], w.stride[0]) if step.desc["weight_layout"] == "nk" else (0, *w.stride)
+    if w.kind is not ValKind.WEIGHT or held != tuple(spec["b_strides"]):
+        raise RenderError(f"GEMM {name}: B is not the weight it was generated for ({held} != {spec['b_strides']})")
+    if g["b_packed"]:
+        packed = planner.new_val(f"{scope}{out} packed B (at load)", (g["packed_b_bytes"] // 4,), (1,), "float32",
+                                 ValKind.DERIVED)
+        actions.append(PackAction(index, w, packed, g["packed_b_bytes"]))
+        w = packed
+    ins.append(w)
+    if spec["bias"]:
+        ins.append(env[step.bind["bias"]])
+    if "add" in spec["epilogue"]:
+        ins.append(operand("other", (m, n)))
+    if ref.n_inputs != len(ins) or ref.n_outputs != 1:
+        raise RenderError(f"GEMM {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")
+    c = planner.new_buf(f"{scope}{out} (GEMM)", (m, n), (n, 1), dt)
+    ws = planner.new_buf(f"workspace of {name}", (ref.workspace,), (1,), "uint8", BufRole.WORKSPACE) \
+        if ref.workspace > 0 else None
+    actions.append(FusedAction(f"{scope}{out} = {name}", index, tuple(ins), (c,), ws))
+    planner.counts["fused"] += 1
+    shape = tuple(program.values[out].shape)
+    target = out if shape == (m, n) else f"{out}#c"
+    env[target] = planner.buf_val(c, f"{scope}{out}")
+    if target != out:
+        actions.extend(reshape(planner, env, view, target, shape, out, scope))
+    return actions
+
+
+def _arg(a, names: dict):
+    if isinstance(a, TRef):
+        return Ref(names[a.name])
+    if isinstance(a, (MemoryFormat, Dtype)):
+        return getattr(torch, a.name)
+    if isinstance(a, tuple):
+        return [_arg(x, names) for x in a]
+    return a
+
+
+__all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm"]

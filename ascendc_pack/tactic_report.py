@@ -1,0 +1,86 @@
+"""What a build says about its tactic steps: the summary table, the manifest entries and the
+``tuning.json`` records (from :class:`~ascendc_pack.tactic_tune.TacticChoice`)."""
+
+from __future__ import annotations
+
+from ascendc_pack_runtime import manifest as contract
+
+from .candidate import Candidate
+from .gemm import GemmSpec
+from .program import Program
+from .tactic_gemm import GemmTactic
+
+
+def _fmt(us: float | None) -> str:
+    from .tune import format_us
+
+    return f"{format_us(us):>10}" if us is not None else f"{'-':>10}"
+
+
+def tactic_table(choices: dict) -> str:
+    """Per tactic step: kind, candidates, the chosen one (per use when they differ), its time,
+    candidate 0's, the speedup and whether a run reached it."""
+    head = f"{'tactic step':<44} {'cands':>5} {'chosen':>14} {'chosen':>10} {'cand0':>10} {'speedup':>8} visited"
+    lines = [head, "-" * len(head)]
+    for name, ch in choices.items():
+        picks = sorted({u["chosen_index"] for u in ch.uses}) or [0]
+        label = ",".join(f"{i}:{ch.candidates[i].name}" for i in picks)
+        best = ch.results[picks[0]].median_us
+        c0 = ch.results[0].median_us
+        speed = f"{c0 / best:.2f}x" if best and c0 else "-"
+        uses = f" x{len(ch.uses)}" if len(ch.uses) > 1 else ""
+        lines.append(f"{(name + uses)[:44]:<44} {len(ch.candidates):>5} {label[:14]:>14} {_fmt(best)} {_fmt(c0)} "
+                     f"{speed:>8} {'yes' if ch.visited else 'no'}")
+    return "\n".join(lines)
+
+
+def manifest_tactics(choices: dict) -> tuple[contract.TacticStep, ...]:
+    """The manifest's ``tactics`` entries (one per distinct tactic step, in program order)."""
+    out = []
+    for name, ch in choices.items():
+        cands = tuple(contract.TacticCandidate(i, r.key, r.name, r.median_us, r.error is not None,
+                                               r.disqualified is not None)
+                      for i, r in enumerate(ch.results))
+        chosen = ch.chosen_index
+        uses = tuple({"inputs": list(u["inputs"]), "outputs": list(u["outputs"]), "chosen_index": u["chosen_index"],
+                      "chain": u["chain"]} for u in ch.uses)
+        out.append(contract.TacticStep(name, ch.kind, chosen, ch.candidates[chosen].key, bool(ch.visited),
+                                       cands, uses))
+    return tuple(out)
+
+
+def tuning_tactics(choices: dict, sanitize) -> list[dict]:
+    """``tuning.json``'s ``tactics``: every candidate with its tactic, samples and verdict."""
+    out = []
+    for ch in choices.values():
+        d = ch.to_json()
+        for c in d["candidates"]:
+            if c.get("error"):
+                c["error"] = sanitize(c["error"])
+        out.append(d)
+    return out
+
+
+def gemm_libraries(program: Program, choices: dict) -> dict[str, dict]:
+    """Every generated GEMM kernel a lowered tactic step launches, by kernel name: its chosen
+    ``candidate``, ``so_path`` (build cache), ``n_inputs``, ``visited``, ``chosen_index`` and
+    ``candidates`` among the GEMM's own tilings (``manifest.kernels`` entries), and ``uses``."""
+    out: dict[str, dict] = {}
+    for ts in program.tactic_steps():
+        g = ts.chosen
+        if not g or "gemm" not in g:
+            continue
+        entry = out.get(g["kernel"])
+        if entry is None:
+            ch = choices[ts.name]
+            gemms = [(i, t) for i, t in enumerate(ch.candidates) if isinstance(t, GemmTactic)]
+            cands = tuple(contract.Candidate(j, t.key, t.candidate.tiling_repr, t.candidate.workspace,
+                                             t.candidate.block_dim, ch.results[i].median_us,
+                                             ch.results[i].error is not None) for j, (i, t) in enumerate(gemms))
+            entry = out[g["kernel"]] = {
+                "candidate": Candidate(g["tiling_repr"], g["workspace"], g["block_dim"]), "so_path": g["so_path"],
+                "n_inputs": GemmSpec.from_json(g["gemm"]).n_inputs, "visited": ch.visited,
+                "chosen_index": next(j for j, (_, t) in enumerate(gemms) if t.key == g["kernel_key"]),
+                "candidates": cands, "uses": []}
+        entry["uses"].append({"inputs": list(dict.fromkeys(ts.bind.values())), "outputs": list(ts.outputs)})
+    return out

@@ -1,0 +1,86 @@
+"""The tactic entries of ``manifest.json`` (docs/FORMAT.md, ``tactics``): the heavy steps (GEMM,
+convolution, attention) with candidate implementations, each candidate's PGO median and verdict,
+the choice per use. Part of :mod:`ascendc_pack_runtime.manifest` (same conventions: ``from_json``
+checks types, bounds and cross-references and raises field errors naming the field path)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .schema import Fields, field_error
+
+_MD5_RE = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclass(frozen=True)
+class TacticCandidate:
+    """One candidate of a tactic step: its ``key`` (md5 of the tactic's JSON), its name
+    (``aten``, ``onednn``, ``flash``...), its PGO median (None: not timed), whether it failed and
+    whether verification disqualified it."""
+
+    index: int
+    key: str
+    name: str
+    median_us: float | None
+    failed: bool
+    disqualified: bool
+
+    @staticmethod
+    def from_json(d: object, where: str) -> TacticCandidate:
+        f = Fields(d, where)
+        return TacticCandidate(f.int("index"), f.str("key", pattern=_MD5_RE, what="32 lowercase hex digits"),
+                               f.str("name", nonempty=True), f.number("median_us"), f.bool("failed"),
+                               f.bool("disqualified"))
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "key": self.key, "name": self.name, "median_us": self.median_us,
+                "failed": self.failed, "disqualified": self.disqualified}
+
+
+@dataclass(frozen=True)
+class TacticStep:
+    """A heavy step (GEMM, convolution, attention) with tactic candidates: its name (steps with
+    the same name share one measurement), ``kind``, the chosen candidate (index and key; the
+    first use's when uses differ), whether PGO reached it, every candidate, and ``uses``: per
+    step of the graph, the values it reads and writes, its own chosen index and its convolution
+    chain (0: none)."""
+
+    name: str
+    kind: str
+    chosen_index: int
+    chosen_key: str
+    visited: bool
+    candidates: tuple[TacticCandidate, ...]
+    uses: tuple = ()
+
+    @staticmethod
+    def from_json(d: object, where: str) -> TacticStep:
+        f = Fields(d, where)
+        name, kind = f.str("name", nonempty=True), f.str("kind", nonempty=True)
+        chosen, key, visited = f.int("chosen_index"), f.str("chosen_key", pattern=_MD5_RE,
+                                                            what="32 lowercase hex digits"), f.bool("visited")
+        candidates = tuple(TacticCandidate.from_json(v, w) for v, w in f.list("candidates"))
+        for i, c in enumerate(candidates):
+            if c.index != i:
+                raise field_error(f"{where}.candidates[{i}].index", f"is {c.index}, not its position {i}")
+        if chosen >= len(candidates) or candidates[chosen].key != key:
+            raise field_error(f"{where}.chosen_index", f"is {chosen}, not the index of the candidate with key {key}")
+        uses = []
+        for u, w in f.list("uses"):
+            g = Fields(u, w)
+            index = g.int("chosen_index")
+            if index >= len(candidates):
+                raise field_error(f"{w}.chosen_index", f"is {index}; the step has {len(candidates)} candidates")
+            uses.append(MappingProxyType({"inputs": list(g.strs("inputs")), "outputs": list(g.strs("outputs")),
+                                          "chosen_index": index, "chain": g.int("chain")}))
+        return TacticStep(name, kind, chosen, key, visited, candidates, tuple(uses))
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "chosen_index": self.chosen_index,
+                "chosen_key": self.chosen_key, "visited": self.visited,
+                "candidates": [c.to_json() for c in self.candidates], "uses": [dict(u) for u in self.uses]}
+
+
+__all__ = ["TacticCandidate", "TacticStep"]

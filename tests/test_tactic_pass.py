@@ -1,0 +1,161 @@
+"""The tactic pass (ascendc_pack/tactic_pass.py, tactic_match.py, tactic_attention.py): which
+heavy steps of a captured program become TacticSteps, with which epilogue, bindings, chains and
+names; the program still computes what eager does; the IR round-trips. No compiler runs here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ascendc_pack.capture import capture
+from ascendc_pack.executor import run_model
+from ascendc_pack.fold import fold_constants
+from ascendc_pack.program import ModelProgram, TacticStep, dump
+from ascendc_pack.tactic_match import UNARY_PATTERNS
+from ascendc_pack.tactic_pass import candidates_for, find_tactics
+
+
+class Fn(nn.Module):
+    def __init__(self, fn, **mods):
+        super().__init__()
+        self.fn = fn
+        for k, v in mods.items():
+            setattr(self, k, v)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def _pass(model, *inputs):
+    model.eval()
+    cap = capture(model, inputs)
+    folded = fold_constants(cap.model, cap.weights)
+    res = find_tactics(folded.model, folded.weights)
+    with torch.no_grad():
+        want = model(*inputs)
+        got = run_model(res.model, res.weights, inputs)  # the reference runs the replaced steps
+    for g, w in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (got, want))):
+        assert torch.allclose(g, w, atol=1e-5, rtol=1e-5)
+    return res, res.model.program.tactic_steps()
+
+
+ACTIVATIONS = {
+    "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu, "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
+}
+
+
+def test_every_unary_pattern_is_what_capture_makes():
+    assert set(UNARY_PATTERNS) == set(ACTIVATIONS)
+
+
+@pytest.mark.parametrize("unary", sorted(ACTIVATIONS))
+def test_conv_and_linear_absorb_each_activation(unary):
+    act = ACTIVATIONS[unary]
+    m = Fn(lambda s, x: act(s.fc(act(s.conv(x)).mean((2, 3)))), conv=nn.Conv2d(3, 8, 3), fc=nn.Linear(8, 4))
+    _, steps = _pass(m, torch.randn(2, 3, 6, 6))
+    assert [s.tactic_kind for s in steps] == ["conv", "linear"]
+    assert all(s.desc["epilogue"]["unary"] == unary for s in steps)
+
+
+def test_linear_forms_bias_residual_and_views():
+    m = Fn(lambda s, x: s.b(F.gelu(s.a(x))) + x, a=nn.Linear(16, 32), b=nn.Linear(32, 16, bias=False))
+    res, (a, b) = _pass(m, torch.randn(4, 5, 16))
+    assert a.desc["m"] == 20 and a.desc["weight_layout"] == "nk" and a.desc["bias"] and a.desc["epilogue"]["unary"] == "gelu"
+    assert not b.desc["bias"] and b.desc["epilogue"]["binary"] == "add" and b.shapes["other"] == (20, 16)
+    assert a.bind["weight"] == "p_a_weight" and len(res.model.program.steps) == 4  # 2 views stay
+
+
+def test_matmul_by_a_constant_weight_is_a_kn_linear():
+    m = Fn(lambda s, x: x @ s.w, w=nn.Parameter(torch.randn(16, 8)))
+    _, (s,) = _pass(m, torch.randn(4, 16))
+    assert s.desc["weight_layout"] == "kn" and s.desc["n"] == 8
+
+
+def test_multihead_attention_projections_and_attention():
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    _, steps = _pass(Fn(lambda s, x: s.a(x, x, x, need_weights=False)[0], a=mha), torch.randn(2, 5, 16))
+    kinds = [s.tactic_kind for s in steps]
+    assert kinds == ["linear", "attention", "linear"]
+    assert steps[0].desc["m"] == 10 and steps[0].desc["bias"]  # the bmm by the expanded in_proj weight
+    assert steps[1].desc["safe_softmax"] and steps[1].desc["mask"] is None
+
+
+def test_sdpa_with_mask_and_causal_grouped_query():
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    mask = torch.rand(2, 1, 5, 7) > 0.3
+    _, (s,) = _pass(Fn(lambda s, *a: F.scaled_dot_product_attention(a[0], a[1].repeat_interleave(2, 1),
+                                                                     a[2].repeat_interleave(2, 1), attn_mask=a[3])),
+                    q, k, v, mask)
+    assert s.desc["mask"] == "float" and s.desc["mask_shape"] == [2, 1, 5, 7]
+    k2, v2 = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    _, (g,) = _pass(Fn(lambda s, *a: F.scaled_dot_product_attention(*a, is_causal=True, enable_gqa=True)),
+                    torch.randn(2, 4, 5, 8), k2, v2)
+    assert g.desc["kv_heads"] == 2 and g.bind["k"] == "xs_1" and g.desc["mask"] == "float"  # causal mask folded
+    assert [t.name for t in candidates_for(g, 10)] == ["unfused", "flash"]
+
+
+def test_written_out_attention_keeps_unsafe_softmax():
+    def f(s, q, k, v, m):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.3 + m, -1) @ v
+    _, (s,) = _pass(Fn(f), *(torch.randn(2, 2, 5, 8) for _ in range(3)), torch.randn(2, 1, 5, 5))
+    assert not s.desc["safe_softmax"] and s.desc["scale"] == pytest.approx(0.3)
+    assert [t.name for t in candidates_for(s, 10)] == ["unfused"]  # flash would turn NaN rows into 0
+
+
+def test_batchnorm_residual_relu_chain_and_derived_affine():
+    bn = nn.BatchNorm2d(8)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+
+    def f(s, x):
+        y = F.relu(s.bn(s.c1(x)) + x)
+        y = F.max_pool2d(y, 2)
+        return s.dw(y) + s.pw(y)
+    m = Fn(f, c1=nn.Conv2d(8, 8, 3, padding=1, bias=False), bn=bn, dw=nn.Conv2d(8, 8, 3, padding=1, groups=8),
+           pw=nn.Conv2d(8, 8, 1))
+    res, (c1, dw, pw) = _pass(m, torch.randn(2, 8, 6, 6))
+    assert c1.desc["epilogue"] == {"affine": True, "binary": "add", "unary": "relu"}
+    assert {c1.desc["position"], dw.desc["position"], pw.desc["position"]} == {"entry", "interior"}
+    assert dw.desc["position"] == "interior" and c1.chain == dw.chain == pw.chain  # through the max pool
+    scale, shift = res.weights[c1.bind["scale"]], res.weights[c1.bind["shift"]]
+    s = bn.weight / (bn.running_var + bn.eps).sqrt()
+    assert torch.allclose(scale, s.detach()) and torch.allclose(shift, (bn.bias - bn.running_mean * s).detach())
+    assert [t.name for t in candidates_for(dw, 10)] == ["aten", "onednn_cl", "aten_cl"]
+    assert [t.name for t in candidates_for(c1, 10)][:2] == ["aten", "onednn"]
+    assert len(candidates_for(c1, 2)) == 2  # --topn caps the candidates
+
+
+def test_a_value_read_elsewhere_is_not_absorbed():
+    m = Fn(lambda s, x: (F.relu(s.fc(x)), s.fc(x).sum()), fc=nn.Linear(8, 8))
+    cap = capture(m.eval(), (torch.randn(3, 8),))
+    res = find_tactics(cap.model, cap.weights)
+    for s in res.model.program.tactic_steps():
+        assert s.desc["epilogue"]["unary"] in (None, "relu")
+    mm = Fn(lambda s, x: (s.c(x), F.relu(s.c(x))), c=nn.Conv2d(3, 4, 1))
+    _, steps = _pass(mm.eval(), torch.randn(1, 3, 4, 4))
+    assert any(s.desc["epilogue"]["unary"] is None for s in steps)
+
+
+def test_identical_steps_share_a_name_and_the_ir_round_trips():
+    m = Fn(lambda s, x: F.relu(s.b(F.relu(s.a(x)))), a=nn.Linear(16, 16), b=nn.Linear(16, 16))
+    res, (a, b) = _pass(m, torch.randn(4, 16))
+    assert a.name == b.name and a.name.startswith("linear_m4k16n16_")
+    again = ModelProgram.loads(res.model.dumps())
+    (a2, _) = again.program.tactic_steps()
+    assert isinstance(a2, TacticStep) and a2.desc == a.desc and a2.bind == a.bind and a2.shapes == a.shapes
+    assert [x.op for x in a2.steps] == [x.op for x in a.steps]
+    text = dump(res.model)
+    assert "2 tactic steps, 1 distinct" in text and f"tactic {a.name}(" in text
+
+
+def test_cond_branches_get_tactics_with_their_weights():
+    def f(s, x):
+        return torch.cond(x.sum() > 0, lambda y: F.relu(s.a(y)), lambda y: torch.sigmoid(s.a(y)), (x,))
+    _, steps = _pass(Fn(f, a=nn.Linear(8, 8)), torch.randn(3, 8))
+    assert sorted(s.desc["epilogue"]["unary"] for s in steps) == ["relu", "sigmoid"]

@@ -1,0 +1,346 @@
+"""Tactics through the whole pipeline (ascendc_pack/tactic_tune.py, tactic_lower.py, the graph,
+the bundle, the manifest): every tactic kind builds and matches eager in a fresh process, every
+candidate renders in graph.cpp, a wrong candidate is disqualified, a warm rebuild profiles
+nothing, an unvisited cond branch keeps candidate 0, identical steps share one measurement."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ascendc_pack_runtime as rt
+from ascendc_pack import tactics as T
+from ascendc_pack import tactic_tune
+from ascendc_pack.autotune import Protocol
+from ascendc_pack.capture import capture
+from ascendc_pack.config import BuildConfig
+from ascendc_pack.fold import fold_constants
+from ascendc_pack.pipeline import build, prepare
+from ascendc_pack.tactic_gemm import GemmTactic
+from ascendc_pack.tactic_pass import find_tactics
+from ascendc_pack.tactic_report import manifest_tactics
+from ascendc_pack.tactic_tune import TacticTuner
+from ascendc_pack_runtime import manifest as contract
+from ascendc_pack_runtime.errors import ManifestFieldError
+
+from ascendc_pack_runtime.tools import inspect_text
+
+from .bundle_fixtures import build_root, read_bundle
+
+FAST = Protocol(warmup=1, min_rounds=2, max_rounds=3, time_cap_s=0.05, min_sample_us=20.0)
+
+
+class AllKinds(nn.Module):
+    """A convolution chain (BatchNorm, residual, pooling, a grouped conv, a flatten of a
+    spatial output), linears with epilogues, and multi-head attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.c3 = nn.Conv2d(8, 4, 1)
+        self.fc = nn.Linear(4 * 4 * 4, 16)
+        self.ln = nn.LayerNorm(16)  # the attention's input is then a fused kernel's output (a planned buffer)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.ff = nn.Linear(16, 32)
+        self.out = nn.Linear(32, 16)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x, t):
+        y = F.relu(self.bn(self.c1(x.sigmoid())))  # the chain's input is a fused kernel's output
+        y = F.max_pool2d(y, 2)
+        y = F.hardswish(self.c2(y) + y)
+        f = self.fc(self.c3(y).flatten(1))
+        n = self.ln(t)
+        a = self.attn(n, n, n, need_weights=False)[0]
+        h = F.gelu(self.ff(a + f.unsqueeze(1)))
+        return self.out(h) + t, f
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 3, 8, 8, generator=g), torch.randn(2, 5, 16, generator=g)
+
+
+def _model():
+    torch.manual_seed(0)
+    return AllKinds().eval()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return build_root(tmp_path_factory) / "build_cache"
+
+
+def _build(tmp_path, cache, model=None, inputs=None, **kw):
+    model, inputs = model or _model(), inputs or _inputs()
+    out = tmp_path / "m.ascpack"
+    kw.setdefault("topn", 4)
+    res = build(model, inputs, output=out, cache_dir=cache, jobs=2, protocol=FAST, **kw)
+    return res, out
+
+
+def _member(path, name: str) -> bytes:
+    return next(data for info, data in read_bundle(path) if info.name == name)
+
+
+def _fresh_process_matches(path, model, inputs, tmp_path):
+    """Load the bundle in a new Python process and compare with eager there."""
+    with torch.no_grad():
+        expected = model(*inputs)
+    data = tmp_path / "io.pt"
+    torch.save((inputs, expected), data)
+    script = textwrap.dedent("""
+        import sys, torch, ascendc_pack_runtime as rt
+        inputs, expected = torch.load(sys.argv[2])
+        m = rt.load(sys.argv[1])
+        got = m(*inputs)
+        got, expected = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
+        for g, e in zip(got, expected):
+            assert g.shape == e.shape, (g.shape, e.shape)
+            assert torch.allclose(g, e, atol=1e-4, rtol=1e-4), (g - e).abs().max()
+        m.close()
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", script, str(path), str(data)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_every_kind_builds_tunes_and_matches_eager_in_a_fresh_process(tmp_path, cache):
+    res, out = _build(tmp_path, cache)
+    kinds = {ch.kind for ch in res.tactics.values()}
+    assert kinds == {"linear", "conv", "attention"}
+    for ch in res.tactics.values():  # every candidate verified on the real arguments, then timed
+        assert ch.visited and ch.profiled
+        for r in ch.results:
+            assert r.error is None and r.median_us is not None and r.values, (ch.name, r)
+    _fresh_process_matches(out, _model(), _inputs(), tmp_path)
+    m = rt.read_manifest(out)
+    assert {t.name for t in m.tactics} == set(res.tactics)
+    assert m.graph.aten_ops and all(n > 0 for n in m.graph.aten_ops.values())
+    tuning = json.loads(_member(out, "tuning.json"))
+    assert {t["name"] for t in tuning["tactics"]} == set(res.tactics)
+    text = inspect_text(m)
+    assert "tactics  " in text and "aten ops " in text
+
+
+PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"), ("onednn_cl",)]
+
+
+@pytest.mark.parametrize("prefer", PREFERENCES, ids=["-".join(p) for p in PREFERENCES])
+def test_every_candidate_renders_in_the_graph(tmp_path, cache, monkeypatch, prefer):
+    """Force the choice of each candidate kind; the build's own check (bundle vs eager) must pass."""
+    real = TacticTuner.decisions
+
+    def forced(self):
+        real(self)
+        out = {}
+        for s in self.instances:
+            names = [t.name for t in self.choices[s.name].candidates]
+            out[id(s)] = next((names.index(n) for n in prefer if n in names), 0)
+        for ch in self.choices.values():
+            for u, s in zip(ch.uses, [s for s in self.instances if s.name == ch.name]):
+                u["chosen_index"] = out[id(s)]
+        return out
+
+    monkeypatch.setattr(TacticTuner, "decisions", forced)
+    res, out = _build(tmp_path, cache)  # verify=True: a wrong graph raises VerificationError
+    chosen = {ch.candidates[u["chosen_index"]].name for ch in res.tactics.values() for u in ch.uses}
+    assert set(prefer) <= chosen | {"unfused"}
+    source = _member(out, "graph.cpp").decode()
+    if "onednn" in prefer:
+        assert "(at load)" in source and "mkldnn::_reorder" in source  # packed once, at load
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["B-packed-at-load", "B-as-held"])
+def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch, packed):
+    """A GEMM kernel chosen for every GEMM step: launched from graph.cpp, B packed at load by the
+    library's ap_gemm_pack_b (or read as held), the library a listed, re-hashed bundle member."""
+    real = TacticTuner.decisions
+
+    def forced(self):
+        out = real(self)
+        for s in self.instances:
+            cands = self.choices[s.name].candidates
+            pick = [i for i, t in enumerate(cands) if isinstance(t, GemmTactic) and t.b_packed == packed]
+            if pick and id(s) in self.reached:
+                out[id(s)] = pick[0]
+        return out
+
+    monkeypatch.setattr(TacticTuner, "decisions", forced)
+    res, out = _build(tmp_path, cache)
+    m = rt.read_manifest(out)
+    gemms = [k for k in m.kernels if k.name.startswith("gemm_")]
+    assert gemms and all(k.file in m.libraries() for k in gemms)
+    assert all(len(k.candidates) >= 2 and k.candidates[k.chosen_index].kernel_key == k.kernel_key for k in gemms)
+    source = _member(out, "graph.cpp").decode()
+    assert ("AP_PACK_B" in source) == packed
+    _fresh_process_matches(out, _model(), _inputs(), tmp_path)
+
+
+def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
+    real = tactic_tune.candidates_for
+
+    def with_a_wrong_one(step, topn):
+        cands = real(step, topn)
+        if step.tactic_kind == "linear":
+            desc = T.step_from_json(step.desc)
+            wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
+            cands.append(dataclasses.replace(wrong, name="wrong"))
+        return cands
+
+    monkeypatch.setattr(tactic_tune, "candidates_for", with_a_wrong_one)
+    m = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
+    x = torch.randn(8, 16)
+    found = _found(m, x)
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=4, cache_dir=tmp_path), FAST,
+                        compile_epilogue=False, gemm=False)
+    tuner(x)
+    (ch,) = tuner.choices.values()
+    bad = ch.results[-1]
+    assert bad.name == "wrong" and bad.disqualified["reason"] == "wrong result" and bad.median_us is None
+    assert ch.best != len(ch.results) - 1 and tuner.disqualified == 1
+    assert all(r.median_us is not None for r in ch.results[:-1])
+    tuner.decisions()
+    (entry,) = manifest_tactics(tuner.choices)
+    assert entry.candidates[-1].disqualified and entry.candidates[-1].failed
+    record = json.loads(next((tmp_path / "ascendc" / "tactics").rglob("tuning.json")).read_text())
+    assert record["candidates"][-1]["disqualified"]["reason"] == "wrong result"
+
+
+def _found(model, *inputs):
+    cap = capture(model.eval(), inputs)
+    folded = fold_constants(cap.model, cap.weights)
+    return find_tactics(folded.model, folded.weights)
+
+
+def test_warm_rebuild_profiles_nothing_and_reuses_the_choice(tmp_path, monkeypatch):
+    m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+    x = torch.randn(16, 32)
+    found = _found(m, x)
+    config = BuildConfig(topn=3, cache_dir=tmp_path)
+    cold = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False, gemm=False)
+    assert cold.pending() == 2
+    cold(x)
+    assert cold.profiled == 2
+    first = cold.decisions()
+    warm = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False, gemm=False)
+    assert warm.pending() == 0
+    warm(x)
+    assert warm.profiled == 0
+    assert list(warm.decisions().values()) == list(first.values())
+    for name, ch in warm.choices.items():
+        assert ch.from_cache and ch.best == cold.choices[name].best
+        assert [r.median_us for r in ch.results] == [r.median_us for r in cold.choices[name].results]
+        d = next((tmp_path / "ascendc" / "tactics" / name).iterdir())
+        assert (d / "optimize_tactic").read_text().strip() == ch.candidates[ch.best].key
+    monkeypatch.setattr(tactic_tune, "host_fingerprint", lambda: {"cpu": "another host"})
+    other = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False, gemm=False)
+    assert other.pending() == 2  # timings of another host are not reused
+
+
+def test_warm_pipeline_keeps_the_choices(tmp_path):
+    m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+    x = (torch.randn(16, 32),)
+    config = BuildConfig(topn=3, cache_dir=tmp_path, jobs=2)
+    cold = prepare(m, x, config=config, input_sets=[x], protocol=FAST)
+    warm = prepare(m, x, config=config, input_sets=[x], protocol=FAST)
+    assert cold.tactics_profiled == 2 and warm.tactics_profiled == 0
+    picks = [[u["chosen_index"] for u in ch.uses] for ch in cold.tactics.values()]
+    assert [[u["chosen_index"] for u in ch.uses] for ch in warm.tactics.values()] == picks
+    assert warm.captured.model.dumps() == cold.captured.model.dumps()
+
+
+def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda y: F.relu(self.a(y)), lambda y: torch.sigmoid(self.b(y)), (x,))
+
+    x = torch.randn(4, 16).abs()
+    found = _found(M(), x)
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=3, cache_dir=tmp_path), FAST,
+                        compile_epilogue=False, gemm=False)
+    tuner(x)  # only the then branch runs
+    decisions = tuner.decisions()
+    by_unary = {s.desc["epilogue"]["unary"]: s for s in tuner.instances}
+    then_ch, else_ch = tuner.choices[by_unary["relu"].name], tuner.choices[by_unary["sigmoid"].name]
+    assert then_ch.visited and then_ch.profiled and decisions[id(by_unary["relu"])] == then_ch.best
+    assert not else_ch.visited and not else_ch.profiled and decisions[id(by_unary["sigmoid"])] == 0
+    assert else_ch.uses[0]["visited"] is False and all(r.median_us is None for r in else_ch.results)
+
+
+def test_cond_branch_with_a_lowered_tactic_builds(tmp_path, cache, monkeypatch):
+    """A lowered step inside a branch reads weights made at build (threaded in as operands)."""
+    monkeypatch.setattr(TacticTuner, "decisions", lambda self: {
+        id(s): len(self.choices[s.name].candidates) - 1 if id(s) in self.reached else 0 for s in self.instances})
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+            self.bn = nn.BatchNorm2d(4)
+
+        def forward(self, x, img):
+            y = torch.cond(x.sum() > 0, lambda y: F.relu(self.a(y)), lambda y: self.a(y) * 2, (x,))
+            return y, F.relu(self.bn(img))
+
+    model, inputs = M().eval(), (torch.randn(4, 16).abs(), torch.randn(1, 4, 3, 3))
+    res, out = _build(tmp_path, cache, model, inputs, topn=3)
+    x2 = (-inputs[0], inputs[1])
+    got, want = rt.load(out)(*x2), model(*x2)
+    assert torch.allclose(got[0], want[0], atol=1e-5)
+
+
+def test_identical_steps_share_one_measurement(tmp_path):
+    m = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU()).eval()
+    x = torch.randn(4, 16)
+    found = _found(m, x)
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=3, cache_dir=tmp_path), FAST,
+                        compile_epilogue=False, gemm=False)
+    assert len(tuner.instances) == 2 and len(tuner.choices) == 1 and tuner.pending() == 1
+    tuner(x)
+    tuner.decisions()
+    (ch,) = tuner.choices.values()
+    assert tuner.profiled == 1 and len(ch.uses) == 2
+    assert len({u["chosen_index"] for u in ch.uses}) == 1
+
+
+def test_topn_1_keeps_every_heavy_step_as_captured(tmp_path):
+    prep = prepare(_model(), _inputs(), config=BuildConfig(topn=1, cache_dir=tmp_path, jobs=2),
+                   input_sets=[_inputs()], protocol=FAST)
+    assert prep.tactics_profiled == 0
+    assert all(u["chosen_index"] == 0 for ch in prep.tactics.values() for u in ch.uses)
+    assert not prep.captured.model.program.tactic_steps()  # the ATen steps are back, as captured
+    assert not (tmp_path / "ascendc" / "tactics").exists()
+
+
+def test_manifest_tactic_entries_round_trip_and_are_checked():
+    cands = (contract.TacticCandidate(0, "a" * 32, "aten", 10.0, False, False),
+             contract.TacticCandidate(1, "b" * 32, "onednn", 5.0, False, False))
+    t = contract.TacticStep("linear_x", "linear", 1, "b" * 32, True, cands,
+                            ({"inputs": ["x"], "outputs": ["y"], "chosen_index": 1, "chain": 0},))
+    assert contract.TacticStep.from_json(json.loads(json.dumps(t.to_json())), "tactics[0]") == t
+    bad = t.to_json()
+    bad["chosen_key"] = "a" * 32
+    with pytest.raises(ManifestFieldError, match="chosen_index"):
+        contract.TacticStep.from_json(bad, "tactics[0]")
+    bad = t.to_json()
+    bad["uses"][0]["chosen_index"] = 5
+    with pytest.raises(ManifestFieldError, match=r"uses\[0\]\.chosen_index"):
+        contract.TacticStep.from_json(bad, "tactics[0]")
