@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # types only: the implementations import the stages, this mod
 DEFAULT_BACKEND = "cpu"
 BACKENDS = MappingProxyType({
     "cpu": "ascendc_pack.backend_cpu:CpuBackend",
+    "npu": "ascendc_pack.npu.backend:NpuBackend",
+    "npu-emu": "ascendc_pack.npu.backend:EmulatedNpuBackend",
 })
 """Known backends: name -> ``module:class`` implementing :class:`Backend`."""
 
@@ -51,6 +53,13 @@ class Backend(Protocol):
 
     def target(self, config: BuildConfig) -> Target:
         """The device and its core limit (``--cores``, or the device's own limit) for tiling."""
+
+    def unsupported(self, spec) -> str | None:
+        """``"unsupported: <reason>"`` when this backend cannot generate ``spec`` (the kernel then
+        runs as its ATen steps), else None."""
+
+    def propose(self, spec, target: Target, topn: int) -> list[Tiling]:
+        """The kernel's candidate tilings, best first (at most ``topn``)."""
 
     def render_kernel(self, spec: dict, tiling: Tiling, isa: str) -> str:
         """The complete source of one candidate's static kernel."""
@@ -86,6 +95,17 @@ def check_backend_name(name: object, source: str = "backend") -> str:
     if not isinstance(name, str) or name not in BACKENDS:
         raise ConfigError(f"{source} must be one of {', '.join(sorted(BACKENDS))}, got: {name!r}")
     return name
+
+
+def backend_key(name: str | None, emulate: bool) -> str | None:
+    """The registered backend for ``--backend NAME [--emulate]``: ``npu`` + emulate is
+    ``npu-emu`` (AscendC kernels compiled against the CPU emulation)."""
+    if not emulate:
+        return name
+    if name != "npu":
+        raise ConfigError(f"--emulate applies to --backend npu (the AscendC emulation), got --backend {name or 'cpu'}; "
+                          "use `--backend npu --emulate`")
+    return "npu-emu"
 
 
 def get_backend(name: str = DEFAULT_BACKEND) -> Backend:

@@ -22,6 +22,7 @@ from .compiler import CompiledKernel, KernelBuild
 from .config import BuildConfig
 from .kernels import FusedKernel
 from .tiling import Target, Tiling
+from .tiling import propose as propose_tilings
 
 
 class CpuBackend:
@@ -32,6 +33,12 @@ class CpuBackend:
 
     def target(self, config: BuildConfig) -> Target:
         return Target(cores=config.effective_cores)
+
+    def unsupported(self, spec) -> str | None:
+        return None  # the cpu generator expresses every fused kernel
+
+    def propose(self, spec, target: Target, topn: int) -> list[Tiling]:
+        return propose_tilings(spec, target, topn)
 
     def render_kernel(self, spec: dict, tiling: Tiling, isa: str) -> str:
         c = tiling.candidate

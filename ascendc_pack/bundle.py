@@ -36,11 +36,11 @@ from ascendc_pack_runtime.constants import (FORMAT_VERSION, GRAPH_ABI_VERSION, G
                                             MANIFEST_NAME, TUNING_FILE, WEIGHT_ALIGNMENT, WEIGHTS_FILE)
 from ascendc_pack_runtime.manifest import check_member_name
 
+from .backend import get_backend
 from .cache import check_component
 from .choice import KernelChoice
 from .compiler import DEFAULT_CXX, KernelLibraryError, describe_library, package_version
 from .config import BuildConfig
-from .backend import get_backend
 from .errors import PackError
 from .kernels import kernel_uses
 from .program import ModelProgram, dtype_name
@@ -284,15 +284,16 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
     inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
+    backend = get_backend(config.backend)
     return contract.Manifest(
         format_version=FORMAT_VERSION,
         producer=contract.Producer("ascendc-pack", package_version()),
         model_name=model.name,
-        backend=config.backend,
-        target=get_backend(config.backend).manifest_target(config),
+        backend=backend.name,
+        target=backend.manifest_target(config),
         torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
         core_limit=config.cores,
-        cores=config.effective_cores,
+        cores=backend.target(config).cores,
         topn=config.topn,
         inputs=tuple(inputs),
         outputs=tuple(outputs),

@@ -92,23 +92,29 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
 @click.option("--jobs", default=None, type=POSITIVE_INT, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
 @click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
-@click.option("--backend", default=None, help="Target device backend (default cpu; the only one so far).")
+@click.option("--backend", default=None, help="Target device backend: cpu (default) or npu (AscendC kernels).")
+@click.option("--emulate", is_flag=True, default=False,
+              help="With --backend npu: compile the AscendC kernels against the CPU emulation and run the npu pipeline here.")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the new bundle and compare it with eager on the example and calibration inputs before writing it.")
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
 @click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, debug, verify, atol, rtol, sign_key):
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, debug, verify, atol, rtol, sign_key):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
     stops the build cleanly (exit 130): the bundle is not written, finished kernels stay cached.
     """
+    from .backend import backend_key, check_backend_name, get_backend
     from .pipeline import build_file
 
     try:
         t0 = time.perf_counter()
+        backend = backend_key(backend, emulate)
+        if backend is not None:
+            get_backend(check_backend_name(backend, "--backend"))  # fails now, before the model is loaded
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
                             jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
                             verify=verify, atol=atol, rtol=rtol)

@@ -433,7 +433,7 @@ def _build_kernel(build: KernelBuild, root: Path, ctx: _Ctx,
 def compile_kernels(builds: list[KernelBuild], config: BuildConfig,
                     progress: Callable[[int], None] | None = None, *, cxx: str = DEFAULT_CXX,
                     debug_root: Path | str | None = None, timeout_s: float = COMPILE_TIMEOUT_S,
-                    lock_timeout_s: float = LOCK_TIMEOUT_S) -> list[CompiledKernel]:
+                    lock_timeout_s: float = LOCK_TIMEOUT_S, flags: list[str] | None = None) -> list[CompiledKernel]:
     """Compile every candidate of every kernel into the cache and return the results in order.
 
     ``progress(1)`` is called once per candidate as it is done (cached, compiled or failed).
@@ -441,10 +441,13 @@ def compile_kernels(builds: list[KernelBuild], config: BuildConfig,
     thread). With ``config.debug``, each candidate's source and compile command go to
     ``debug_dir_for(kernel_name, debug_root)/<kernel_key>/``. Raises CompileError when the
     compiler is missing, LockTimeoutError when another build holds a kernel's lock too long;
-    a candidate that fails to compile is recorded in its CompiledCandidate, never raised."""
+    a candidate that fails to compile is recorded in its CompiledCandidate, never raised.
+    ``flags``: the compiler flags (default :func:`compile_flags`; another backend's toolchain
+    passes its own)."""
     if not builds:
         return []
-    ctx = _Ctx(cxx=compiler_path(cxx), flags=compile_flags(config.march), timeout_s=timeout_s,
+    ctx = _Ctx(cxx=compiler_path(cxx), flags=compile_flags(config.march) if flags is None else list(flags),
+               timeout_s=timeout_s,
                lock_timeout_s=lock_timeout_s, progress=progress,
                debug_root=(Path(debug_root) if debug_root is not None else Path.cwd() / DEBUG_DIRNAME)
                if config.debug else None)

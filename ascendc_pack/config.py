@@ -93,10 +93,10 @@ class BuildConfig:
             raise ConfigError(f"topn must be an integer in 1..{MAX_TOPN}, got: {self.topn!r}")
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not 1 <= self.jobs <= MAX_COMPILE_THREADS:
             raise ConfigError(f"jobs must be an integer in 1..{MAX_COMPILE_THREADS}, got: {self.jobs!r}")
-        if self.cores is not None:
-            _check_cores(self.cores, "cores")
-        _check_march(self.march, "march")
         check_backend_name(self.backend)
+        if self.cores is not None:
+            _check_cores(self.cores, "cores", self.backend)
+        _check_march(self.march, "march")
 
     @classmethod
     def resolve(cls, topn: Any = None, cache_dir: Any = None, jobs: Any = None, debug: bool | None = None,
@@ -113,7 +113,7 @@ class BuildConfig:
             cache_dir=_resolve_cache_dir(cache_dir, env),
             jobs=_resolve_jobs(jobs, env),
             debug=_resolve_debug(debug, env),
-            cores=None if cores is None else _check_cores(cores, "--cores"),
+            cores=None if cores is None else _check_cores(cores, "--cores", backend or DEFAULT_BACKEND),
             march=DEFAULT_MARCH if march is None else _check_march(march, "--march"),
             backend=DEFAULT_BACKEND if backend is None else check_backend_name(backend, "--backend"),
         )
@@ -211,7 +211,13 @@ def _resolve_debug(explicit: bool | None, env: Mapping[str, str]) -> bool:
     return (env.get(ENV_DEBUG) or "").strip() == "1"  # torch's own rule: only "1" turns it on
 
 
-def _check_cores(raw: Any, source: str) -> int:
+def _check_cores(raw: Any, source: str, backend: str = DEFAULT_BACKEND) -> int:
+    if backend != DEFAULT_BACKEND:  # a device's cores: its backend checks the limit against the device
+        n = _parse_int(raw)
+        if n is None or n < 1:
+            raise ConfigError(f"{source} must be a positive integer (the {backend} backend's core limit), "
+                              f"got: {_raw_text(raw)}; omit it to use every core")
+        return n
     usable = host_cores()
     n = _parse_int(raw)
     if n is None or not 1 <= n <= usable:

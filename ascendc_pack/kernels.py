@@ -26,7 +26,7 @@ from .compiler import CandidateSource, CompiledKernel, KernelBuild, debug_dir_fo
 from .config import BuildConfig
 from .fusion_ir import KernelSpec
 from .program import FusedStep, Program
-from .tiling import Target, Tiling, propose
+from .tiling import Target, Tiling
 
 
 @dataclass
@@ -56,7 +56,7 @@ def prepare_kernels(program: Program, config: BuildConfig,
     builds, tilings = [], {}
     for name, step in steps.items():
         spec_text = step.kernel.canonical_json()
-        tilings[name] = propose(step.kernel, target, config.topn)
+        tilings[name] = backend.propose(step.kernel, target, config.topn)
         sources = [CandidateSource(t.candidate, backend.render_kernel(step.kernel, t, isa)) for t in tilings[name]]
         ahash = backend.artifact_hash(spec_text, TEMPLATE_VERSION, config)
         builds.append(KernelBuild(name, ahash, sources))
@@ -96,7 +96,8 @@ def total_candidates(program: Program, config: BuildConfig) -> int:
     """How many candidates :func:`prepare_kernels` will compile (for a progress bar)."""
     target = target_for(config)
     names = {s.name: s for s in program.fused_steps()}
-    return sum(len(propose(s.kernel, target, config.topn)) for s in names.values())
+    backend = get_backend(config.backend)
+    return sum(len(backend.propose(s.kernel, target, config.topn)) for s in names.values())
 
 
 class FusedKernel:

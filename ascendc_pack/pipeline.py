@@ -7,6 +7,7 @@ render graph + bundle.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_o
 from .errors import PackError, VerificationError
 from .executor import run_model
 from .loader import LoadedModel, load_model_file
+
+log = logging.getLogger("ascendc_pack")
 
 
 def capture_file(model_file: str | Path) -> tuple[LoadedModel, Captured]:
@@ -144,11 +147,14 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     ``before_tuning``: called before the tactics are timed (the build waits there for the graph
     interpreter compiling in the background).
     """
+    from .backend import get_backend
     from .fold import fold_constants
     from .fuse import fuse
     from .kernels import prepare_kernels, total_candidates
     from .progress import Progress
+    from .tune import inline_kernels
 
+    backend = get_backend(config.backend)  # a backend this host cannot use fails here, before capture
     progress = progress or Progress(enabled=False)
     with progress.stage("capture") as st:
         captured, hit = capture_cached(module, _clone(example_inputs), name=name, cache_dir=config.cache_dir,
@@ -158,10 +164,15 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
         folded = fold_constants(captured.model, captured.weights)
         captured = Captured(folded.model, folded.weights)
     choices, counts = {}, (0, 0)
-    if tactics:
+    if tactics and backend.name == "cpu":  # tactics are CPU kernels; on npu heavy steps stay ATen (torch_npu)
         captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol, before_tuning)
     with progress.stage("fuse"):
         fused = fuse(captured.model)
+        # kernels the backend cannot generate run as their ATen steps (never a wrong kernel)
+        unsupported = {s.name: why for s in fused.program.fused_steps() if (why := backend.unsupported(s.kernel))}
+        for kernel, why in sorted(unsupported.items()):
+            log.warning("kernel %s stays ATen on the %s backend: %s", kernel, backend.name, why)
+        fused = inline_kernels(fused, unsupported)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
         kernels = prepare_kernels(fused.program, config, st.advance)
     return Prepared(captured, fused, kernels, choices, dict(progress.seconds), *counts)

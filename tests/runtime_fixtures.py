@@ -330,7 +330,7 @@ def corpus(valid: Path) -> list[Case]:
     add("torch_other", edited(lambda p: p.manifest["torch"].update(version="1.13.0")), rt.TorchVersionMismatchError)
     add("cxx_abi_other", edited(lambda p: p.manifest["torch"].update(
         cxx11_abi=not bool(torch._C._GLIBCXX_USE_CXX11_ABI))), rt.CxxAbiMismatchError)
-    add("backend_unavailable", edited(lambda p: p.manifest.update(backend="npu")), rt.BackendUnavailableError)
+    add("backend_unavailable", edited(lambda p: p.manifest.update(backend="cuda")), rt.BackendUnavailableError)
 
     # --- load stage (verified content, mismatched files: refused at load, never crash)
     def garbage_graph(p):

@@ -23,12 +23,13 @@ from .kernel_check import Fn
 
 
 def test_registry_names_cpu_and_unknown_names_are_config_errors():
-    assert dict(BACKENDS) == {"cpu": "ascendc_pack.backend_cpu:CpuBackend"}
+    assert dict(BACKENDS) == {"cpu": "ascendc_pack.backend_cpu:CpuBackend", "npu": "ascendc_pack.npu.backend:NpuBackend",
+                              "npu-emu": "ascendc_pack.npu.backend:EmulatedNpuBackend"}
     cpu = get_backend("cpu")
     assert isinstance(cpu, CpuBackend) and isinstance(cpu, Backend)
     assert cpu.name == "cpu" and cpu.timing == "wall-clock" and get_backend().name == "cpu"
-    with pytest.raises(ConfigError, match="backend must be one of cpu, got: 'npu'"):
-        get_backend("npu")
+    with pytest.raises(ConfigError, match="backend must be one of cpu, npu, npu-emu, got: 'cuda'"):
+        get_backend("cuda")
     with pytest.raises(TypeError):
         BACKENDS["npu"] = "x:y"  # the registry is read-only (no process-global mutable state)
     assert backend_mod.DEFAULT_BACKEND == "cpu"

@@ -78,7 +78,7 @@ def test_build_unknown_backend_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["build", str(EXAMPLES / "add_sum.py"), "--backend", "tpu",
                                        "--cache-dir", str(tmp_path)])
     assert result.exit_code == 1
-    assert "--backend must be one of cpu, got: 'tpu'" in result.output
+    assert "--backend must be one of cpu, npu, npu-emu, got: 'tpu'" in result.output
     assert not list(tmp_path.iterdir())
 
 

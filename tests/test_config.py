@@ -201,10 +201,10 @@ def test_march():
 def test_backend():
     assert resolve().backend == "cpu" and resolve(backend="cpu").backend == "cpu"
     assert resolve().to_json()["backend"] == "cpu"
-    for bad in ["npu", "CPU", "", 3]:
-        with pytest.raises(ConfigError, match=re.escape(f"--backend must be one of cpu, got: {bad!r}")):
+    for bad in ["cuda", "CPU", "", 3]:
+        with pytest.raises(ConfigError, match=re.escape(f"--backend must be one of cpu, npu, npu-emu, got: {bad!r}")):
             resolve(backend=bad)
-    with pytest.raises(ConfigError, match="backend must be one of cpu, got: 'cuda'"):
+    with pytest.raises(ConfigError, match="backend must be one of cpu, npu, npu-emu, got: 'cuda'"):
         BuildConfig(backend="cuda")
 
 

@@ -365,7 +365,7 @@ def _mutate(fuzz, op):
         elif op[1] == "abi":
             p.manifest["torch"]["cxx11_abi"] = not p.manifest["torch"]["cxx11_abi"]
         else:
-            p.manifest["backend"] = "npu"
+            p.manifest["backend"] = "cuda"
         expected = _HOST[op[1]]
     elif kind == "size_cap":   # (a fresh extraction each time: a reused one is not capped again)
         p.manifest["x_nonce"] = STATS["cases"]

@@ -52,7 +52,11 @@ def host_problems(m: Manifest, *, cpu_flags: frozenset[str] | set[str] | None = 
     import torch
 
     problems: list[IncompatibleBundleError] = []
-    if m.backend != "cpu":
+    if m.backend == "npu":  # an emulated npu bundle runs here; a device one needs torch_npu and its SoC
+        from .npu_host import npu_host_problems
+
+        problems.extend(npu_host_problems(m))
+    elif m.backend != "cpu":
         fix = "rebuild it with the cpu backend or run it with a runtime for that backend"
         problems.append(BackendUnavailableError(
             f"{MANIFEST_NAME}: field 'backend' is {m.backend!r}; this runtime runs 'cpu' bundles only: {fix}",

@@ -68,20 +68,31 @@ class Producer:
 class Target:
     """What the native code was built for: ``arch`` (``platform.machine()``), g++ ``march``,
     ``isa`` (the ``/proc/cpuinfo`` flags that code may use: a host needs all of them) and the
-    compiler's version line."""
+    compiler's version line. npu bundles add ``soc`` (the Ascend SoC the kernels were built for)
+    and ``emulated`` (kernels compiled against the CPU emulation of AscendC); both are absent on
+    cpu bundles."""
 
     arch: str
     march: str
     isa: tuple[str, ...]
     compiler: str
+    soc: str | None = None
+    emulated: bool | None = None
 
     @staticmethod
     def from_json(d: object, where: str = "target") -> Target:
         f = Fields(d, where)
-        return Target(f.str("arch"), f.str("march"), f.strs("isa"), f.str("compiler"))
+        soc = f.get("soc", lambda v: isinstance(v, str) and bool(v), "a SoC name", optional=True)
+        emulated = f.get("emulated", lambda v: isinstance(v, bool), "true or false", optional=True)
+        return Target(f.str("arch"), f.str("march"), f.strs("isa"), f.str("compiler"), soc, emulated)
 
     def to_json(self) -> dict:
-        return {"arch": self.arch, "march": self.march, "isa": list(self.isa), "compiler": self.compiler}
+        d = {"arch": self.arch, "march": self.march, "isa": list(self.isa), "compiler": self.compiler}
+        if self.soc is not None:
+            d["soc"] = self.soc
+        if self.emulated is not None:
+            d["emulated"] = self.emulated
+        return d
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""The npu backend behind the seam: ``--backend npu --emulate`` end to end, and what refuses.
+
+An emulated build compiles the generated AscendC kernels against the AscendC emulation; the
+bundle (``manifest.backend = "npu"``, ``target.emulated``) loads in a fresh process with the
+plain runtime and matches eager. ``--backend npu`` without torch_npu/CANN fails before the model
+is loaded, naming what is missing; a device bundle is refused by the runtime's host check on a
+host without torch_npu or with another SoC (torch_npu's documented API stands in for a device).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import ascendc_pack_runtime as rt
+from ascendc_pack.backend import Backend, backend_key, get_backend
+from ascendc_pack.cli import main
+from ascendc_pack.errors import ConfigError
+from ascendc_pack.pipeline import build, build_file
+from ascendc_pack_runtime.manifest import Target
+from ascendc_pack_runtime.npu_host import (NpuDeviceMissingError, NpuSocMismatchError, TorchNpuMissingError,
+                                           npu_host_problems)
+
+from .conftest import EXAMPLE_NAMES, EXAMPLES
+
+FRESH = """
+import importlib.util, json, sys, torch
+import ascendc_pack_runtime as rt
+spec = importlib.util.spec_from_file_location("m", sys.argv[1]); mod = importlib.util.module_from_spec(spec)
+sys.modules["m"] = mod; spec.loader.exec_module(mod)
+model = mod.get_model().eval()
+sets = [mod.get_example_inputs()] + list(getattr(mod, "get_calibration_inputs", lambda: [])())
+m = rt.load(sys.argv[2])
+worst = 0.0
+for inputs in sets:
+    with torch.no_grad():
+        exp = model(*[t.clone() for t in inputs])
+    got = m(*[t.clone() for t in inputs])
+    exp, got = (exp if isinstance(exp, (tuple, list)) else (exp,)), (got if isinstance(got, (tuple, list)) else (got,))
+    for e, g in zip(exp, got):
+        assert torch.allclose(g, e, atol=1e-4, rtol=1e-4), (e - g).abs().max()
+        worst = max(worst, float((e.double() - g.double()).abs().max()))
+print(json.dumps({"backend": m.manifest["backend"], "target": m.manifest["target"], "worst": worst}))
+"""
+
+
+def _fresh(model_file, bundle) -> dict:
+    out = subprocess.run([sys.executable, "-c", FRESH, str(model_file), str(bundle)], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _build_example(name, tmp_path, topn=2):
+    bundle = tmp_path / f"{name}.ascpack"
+    result = build_file(EXAMPLES / f"{name}.py", topn=topn, output=bundle, cache_dir=tmp_path / "cache",
+                        backend="npu-emu", jobs=2)
+    return result, bundle
+
+
+def test_core_limit_is_the_npu_vector_cores(tmp_path):
+    """--cores caps block_dim on the npu's vector cores (not this host's CPU cores)."""
+    from ascendc_pack.config import BuildConfig
+
+    emu = get_backend("npu-emu")
+    assert emu.target(BuildConfig.resolve(cache_dir=tmp_path)).cores == 48
+    assert emu.target(BuildConfig.resolve(cores=8, backend="npu-emu", cache_dir=tmp_path)).cores == 8
+    with pytest.raises(ConfigError, match="--cores 64 exceeds the 48 vector cores of Ascend910B2"):
+        emu.target(BuildConfig.resolve(cores=64, backend="npu-emu", cache_dir=tmp_path))
+    with pytest.raises(ConfigError, match="--cores must be a positive integer"):
+        BuildConfig.resolve(cores=0, backend="npu-emu", cache_dir=tmp_path)
+
+
+def test_emulated_backend_is_a_backend():
+    b = get_backend("npu-emu")
+    assert isinstance(b, Backend) and b.name == "npu" and b.timing == "emulated"
+    assert backend_key("npu", True) == "npu-emu" and backend_key("npu", False) == "npu"
+    with pytest.raises(ConfigError, match="--emulate applies to --backend npu"):
+        backend_key(None, True)
+
+
+@pytest.mark.parametrize("name", ["add_sum", "inplace"])
+def test_emulated_build_loads_in_a_fresh_process_and_matches_eager(name, tmp_path):
+    result, bundle = _build_example(name, tmp_path)
+    assert result.choices and not result.fallbacks
+    for ch in result.choices.values():
+        assert ch.candidate.tiling_repr.startswith("mode=")
+    tuning = json.loads(next((tmp_path / "cache").rglob("tuning.json")).read_text())
+    assert tuning["protocol"]["timing"] == "emulated"
+    report = _fresh(EXAMPLES / f"{name}.py", bundle)
+    assert report["backend"] == "npu"
+    assert report["target"]["soc"] == "Ascend910B2" and report["target"]["emulated"] is True
+    assert report["worst"] < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in EXAMPLE_NAMES if n not in ("add_sum", "inplace")])
+def test_every_example_on_emulated_npu(name, tmp_path):
+    _, bundle = _build_example(name, tmp_path, topn=4)
+    assert _fresh(EXAMPLES / f"{name}.py", bundle)["backend"] == "npu"
+
+
+class _Transposed(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.softmax(x, -1) + 1, x.t() * y
+
+
+def test_a_kernel_the_generator_cannot_express_stays_aten(tmp_path, caplog):
+    inputs = (torch.randn(40, 33), torch.randn(33, 40))
+    bundle = tmp_path / "t.ascpack"
+    with caplog.at_level("WARNING", logger="ascendc_pack"):
+        result = build(_Transposed(), inputs, topn=1, output=bundle, cache_dir=tmp_path / "cache", backend="npu-emu")
+    assert any("stays ATen on the npu backend: unsupported: " in r.message and "stride" in r.message
+               for r in caplog.records)
+    assert len(result.choices) == 1  # the softmax is an npu kernel, the transposed product is ATen
+    m = rt.load(bundle)
+    got = m(*[t.clone() for t in inputs])
+    exp = _Transposed()(*inputs)
+    assert all(torch.allclose(g, e, atol=1e-5, rtol=1e-5) for g, e in zip(got, exp))
+
+
+def test_backend_npu_without_torch_npu_or_cann_fails_at_once(tmp_path, monkeypatch):
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    result = CliRunner().invoke(main, ["build", str(tmp_path / "not_even_loaded.py"), "--backend", "npu",
+                                       "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 1
+    out = result.output
+    assert "torch_npu is not installed" in out and "ASCEND_HOME_PATH is not set" in out and "--emulate" in out
+    assert "torch-npu 2.14.0, which requires torch 2.14.0" in out
+    assert not (tmp_path / "cache").exists()
+
+
+def test_emulate_needs_backend_npu(tmp_path):
+    result = CliRunner().invoke(main, ["build", str(EXAMPLES / "add_sum.py"), "--emulate",
+                                       "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "use `--backend npu --emulate`" in result.output
+
+
+def test_cann_command_follows_the_documented_bisheng_options(tmp_path):
+    """The device build's command (not run here: no CANN): BiSheng from ASCEND_HOME_PATH with the
+    options of the CANN docs' jit_build.sh example, for the SoC's Vector cores."""
+    from ascendc_pack.npu import toolchain
+
+    bin_dir = tmp_path / "compiler" / "ccec_compiler" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "bisheng").write_text("")
+    env = {"ASCEND_HOME_PATH": str(tmp_path)}
+    cmd = toolchain.cann_command(tmp_path / "k.cpp", tmp_path / "k.so", "Ascend910B2", env)
+    assert cmd[0] == str(bin_dir / "bisheng") and cmd[-3:] == ["-o", str(tmp_path / "k.so"), str(tmp_path / "k.cpp")]
+    for opt in ("-xcce", "-std=c++17", "--cce-aicore-arch=dav-c220-vec", "--shared", "-lascendcl",
+                f"-I{tmp_path}/compiler/tikcpp/tikcfw/interface", f"-L{tmp_path}/lib64"):
+        assert opt in cmd
+    with pytest.raises(ConfigError, match="ASCEND_HOME_PATH is not set"):
+        toolchain.bisheng({})
+
+
+def _manifest(emulated: bool, soc: str = "Ascend910B2"):
+    """The part of a typed manifest the npu host check reads."""
+    return types.SimpleNamespace(backend="npu", target=Target("x86_64", "native", (), "g++", soc, emulated))
+
+
+def test_emulated_bundles_need_no_npu():
+    assert npu_host_problems(_manifest(True)) == []
+
+
+def test_device_bundle_without_torch_npu_is_refused():
+    def no_torch_npu(name):
+        raise ImportError(f"No module named {name!r}")
+    (p,) = npu_host_problems(_manifest(False), import_module=no_torch_npu)
+    assert isinstance(p, TorchNpuMissingError) and isinstance(p, rt.BackendUnavailableError)
+    assert "torch_npu" in str(p) and "--emulate" in p.fix and p.field == "backend"
+
+
+def _fake_npu(monkeypatch, available: bool, name: str = "Ascend910B2"):
+    """torch.npu as torch_npu documents it (is_available, device_count, current_device, get_device_name)."""
+    fake = types.SimpleNamespace(is_available=lambda: available, device_count=lambda: int(available),
+                                 current_device=lambda: 0, get_device_name=lambda i: name)
+    monkeypatch.setattr(torch, "npu", fake, raising=False)
+    return lambda module: types.ModuleType(module)
+
+
+def test_device_bundle_without_an_npu_is_refused(monkeypatch):
+    (p,) = npu_host_problems(_manifest(False), import_module=_fake_npu(monkeypatch, available=False))
+    assert isinstance(p, NpuDeviceMissingError) and "no NPU" in str(p)
+
+
+def test_device_bundle_on_another_soc_is_refused(monkeypatch):
+    importer = _fake_npu(monkeypatch, available=True, name="Ascend910B4")
+    (p,) = npu_host_problems(_manifest(False, soc="Ascend910B2"), import_module=importer)
+    assert isinstance(p, NpuSocMismatchError) and p.field == "target.soc"
+    assert "Ascend910B2" in str(p) and "Ascend910B4" in str(p)
+    assert npu_host_problems(_manifest(False, soc="Ascend910B4"), import_module=importer) == []
