@@ -348,8 +348,15 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
 
 
 def build_file(model_file, **kwargs) -> BuildResult:
-    """:func:`build` for a model.py file (its calibration inputs included)."""
-    loaded = load_model_file(model_file)
+    """:func:`build` for a model.py file (its calibration inputs included). Loading the file (the
+    user's imports, the model's construction) is the build's first stage, ``load``."""
+    from .progress import Progress
+
+    progress = kwargs.pop("progress", False)
+    progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    with progress.stage("load", label="load model file"):
+        loaded = load_model_file(model_file)
+    kwargs["progress"] = progress
     kwargs.setdefault("output", Path(f"{loaded.name}.ascpack"))
     kwargs.setdefault("output_names", loaded.output_names)
     return build(loaded.module, loaded.example_inputs, calibration_inputs=loaded.calibration_inputs,

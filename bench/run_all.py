@@ -137,7 +137,10 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
         "rule, and so are inputs the model updates in place. A contender whose outputs differ is reported "
         "WRONG and not timed; one that fails to build, load or run is reported FAILED with the reason.",
         "- Builds: every artifact is built in a fresh process with empty Inductor / kernel caches (cold); "
-        "torch.compile's build time is its first call. The tuned bundle is then rebuilt once on its own "
+        "torch.compile's build time is its first call. Build times leave out loading the model file (the "
+        "user's imports and model construction; the bundle's `load s`), as AOTInductor's compile does; "
+        "`graph_runtime s` is the wait for the graph interpreter, compiled once per toolchain and cache "
+        "(every cold build here starts from an empty cache). The tuned bundle is then rebuilt once on its own "
         "(warm) cache. One build each: build times carry the load of the moment (shown per model).",
         "- " + ("All contenders ran in this one process." if cfg.get("same_process") else
                 "Every contender runs in its own worker process, so ONNX Runtime's thread pool, Inductor's and "

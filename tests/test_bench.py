@@ -426,14 +426,14 @@ def test_build_time_table(monkeypatch, capsys, tmp_path):
                     "aoti": {"label": "AOTInductor (.pt2)", "status": "ok", "build_s": 40.0, "load_at_build": [0.7, 0, 0]},
                     "bundleN": {"label": ".ascpack --topn 4", "status": "ok", "build_s": 30.0, "candidate_compiles": 12,
                                 "load_at_build": [1.2, 0, 0],
-                                "stages": {"capture": 2.0, "graph_compile": 20.0},
+                                "stages": {"load": 1.5, "capture": 2.0, "graph_compile": 20.0},
                                 "rebuild": {"build_s": 3.0, "candidate_compiles": 0}}}}
 
     monkeypatch.setattr(command, "bench_model", made_up)
     command.main(["build", "a.py", "--json", str(tmp_path / "b.json")])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("a "))
-    assert row.split()[:3] == ["a", "30.00", "2.00"] and row.endswith("0.75  0.7 / 1.2")  # bundle ÷ AOTI, loads
+    assert row.split()[:4] == ["a", "30.00", "1.50", "2.00"] and row.endswith("0.75  0.7 / 1.2")  # bundle ÷ AOTI, loads
     assert "10%" in row and "12" in row and "at start: load average 0.50" in out
     assert "a: torch.compile freezing: failed: boom" in out
     assert json.loads((tmp_path / "b.json").read_text())[0]["name"] == "a"

@@ -84,7 +84,7 @@ def test_verify_exit_codes_and_one_line_per_problem(add_sum, runner, tmp_path):
 def test_run_random_and_npz(add_sum, runner, tmp_path):
     res = runner.invoke(main, ["run", str(add_sum.bundle), "--random", "--repeat", "5"])
     assert res.exit_code == 0, res.output
-    assert "output 0: float32[]" in res.output
+    assert "output 0 output_0: float32[]" in res.output
     assert re.search(r"latency over 5 call\(s\).*p50 [\d.]+ ms, p90 [\d.]+ ms, p99 [\d.]+ ms", res.output)
     inputs, expected = eager_reference(add_sum)
     np.savez(tmp_path / "in.npz", x=inputs[0].numpy(), y=inputs[1].numpy())

@@ -12,7 +12,7 @@ from .machine import load_line
 from .stats import UNSTABLE_REL_IQR
 
 #: build stages in pipeline order (graph_compile is part of bundle)
-STAGES = ("capture", "fuse", "compile", "tune", "graph_compile", "bundle")
+STAGES = ("load", "capture", "fuse", "tactics", "compile", "graph_runtime", "tune", "graph_compile", "bundle", "verify")
 
 
 def fmt_us(v) -> str:

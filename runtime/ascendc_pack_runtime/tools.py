@@ -41,7 +41,8 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
              f"model    {m.model_name}  (format {m.format} v{m.format_version}, built by {m.producer.name} "
              f"{m.producer.version})"]
     t = m.target
-    lines.append(f"target   {m.backend} {t.arch} -march={t.march}  "
+    soc = (f"{t.soc}{', emulated on' if t.emulated else ''} " if t.soc else "")
+    lines.append(f"target   {m.backend} {soc}{t.arch} -march={t.march}  "
                  f"({len(t.isa)} ISA features: {' '.join(t.isa) if t.isa else '-'})")
     lines.append(f"compiler {t.compiler}")
     lines.append(f"torch    {m.torch.version}  cxx11_abi={m.torch.cxx11_abi}")
@@ -237,7 +238,8 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
         else:
             desc = repr(t)
             outputs.append({"value": repr(t)})
-        lines.append(f"output {i}: {desc}")
+        name = model.output_specs[i].name if i < len(model.output_specs) else ""
+        lines.append(f"output {i} {name}: {desc}" if name else f"output {i}: {desc}")
     times.sort()
     pct = {f"p{q}": _percentile(times, q / 100) for q in (50, 90, 99)}
     lines.append(f"latency over {repeat} call(s) (+{warmup} warm-up): " +
