@@ -218,7 +218,7 @@ def write_report(results: list[dict], machine: dict, args, started: str, seconds
          "disagree are flagged UNSTABLE and ratios carry their interquartile range.", "",
          *([f"> **Note:** {args.note}", ""] if args.note else []),
          "```", command_line(args.argv), "```", "",
-         f"Source: commit {git_state()}; torch {machine['torch']}.", "", "## Machine", ""]
+         f"Source: commit {machine['source']}; torch {machine['torch']}.", "", "## Machine", ""]
     L += report.md_table(["", ""], machine_rows(machine, machine.get("loadavg"), load_end))
     cfg = results[0]["config"] if results else {}
     L += ["", *method_lines(cfg, topn), "## Summary", ""]
@@ -270,6 +270,7 @@ def main(argv=None) -> None:
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     t0 = time.perf_counter()
     machine = bench.machine_info()
+    machine["source"] = git_state()  # before this run writes its report and chart into docs/
     results = []
     for name in names:
         path = MODELS.get(name, Path(name))

@@ -101,15 +101,20 @@ def check_all_candidates(fn, inputs, cache_dir, topn: int = 10, atol=None, rtol=
                                             f"{name}: {describe_mismatch(out, ref, atol, rtol)}"))
         return first if first is not None else reference
 
-    eager_inputs = [t.clone() for t in inputs]
+    check_program(report.failures, module, fused, captured.weights, inputs, run_fused, atol, rtol)
+    return report
+
+
+def check_program(failures: list, module, fused, weights, inputs, run_fused, atol=None, rtol=None) -> None:
+    """Run the fused program (``run_fused`` launches its kernels) and append to ``failures`` every
+    output that differs from eager ``module`` on the same inputs."""
     with torch.no_grad():
-        expected = module(*eager_inputs)
-    actual = run_model(fused, captured.weights, [t.clone() for t in inputs], run_fused=run_fused)
+        expected = module(*[t.clone() for t in inputs])
+    actual = run_model(fused, weights, [t.clone() for t in inputs], run_fused=run_fused)
     exp_flat = torch.utils._pytree.tree_leaves(expected)
     act_flat = torch.utils._pytree.tree_leaves(actual)
     if len(exp_flat) != len(act_flat):
-        report.failures.append(("program", "", f"{len(act_flat)} outputs, eager has {len(exp_flat)}"))
+        failures.append(("program", "", f"{len(act_flat)} outputs, eager has {len(exp_flat)}"))
     for k, (e, a) in enumerate(zip(exp_flat, act_flat)):
         if not close(a, e, atol, rtol):
-            report.failures.append(("program", "", f"output {k} differs from eager: {describe_mismatch(a, e, atol, rtol)}"))
-    return report
+            failures.append(("program", "", f"output {k} differs from eager: {describe_mismatch(a, e, atol, rtol)}"))

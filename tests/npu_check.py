@@ -18,10 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 from ascendc_pack.capture import capture
-from ascendc_pack.executor import run_model, run_reference_fused
+from ascendc_pack.executor import run_reference_fused
 from ascendc_pack.fuse import fuse
 from ascendc_pack.kernels import FusedKernel
 from ascendc_pack.npu.layout import Unsupported
@@ -30,7 +29,7 @@ from ascendc_pack.npu.tiling import SOCS, NpuTarget, plan_for, propose
 from ascendc_pack.npu.toolchain import emulation_flags
 from ascendc_pack.program import dump
 from ascendc_pack_runtime.kernels import KernelLibrary
-from tests.kernel_check import Fn, close, describe_mismatch
+from tests.kernel_check import Fn, check_program, close, describe_mismatch
 
 FULL = os.environ.get("ASCENDC_PACK_NPU_FULL") == "1"
 """Run every candidate (topn 10) of every case instead of one per kind (mode, residency)."""
@@ -151,14 +150,5 @@ def check_npu(fn, inputs, cache_dir: Path, *, full: bool = FULL, atol=None, rtol
                     report.failures.append((step.name, label, f"{out_name}: {describe_mismatch(out, ref, atol, rtol)}"))
         return first if first is not None else reference
 
-    with torch.no_grad():
-        expected = module(*[t.clone() for t in inputs])
-    actual = run_model(fused, captured.weights, [t.clone() for t in inputs], run_fused=run_fused)
-    exp_flat = torch.utils._pytree.tree_leaves(expected)
-    act_flat = torch.utils._pytree.tree_leaves(actual)
-    if len(exp_flat) != len(act_flat):
-        report.failures.append(("program", "", f"{len(act_flat)} outputs, eager has {len(exp_flat)}"))
-    for k, (e, a) in enumerate(zip(exp_flat, act_flat)):
-        if not close(a, e, atol, rtol):
-            report.failures.append(("program", "", f"output {k} differs from eager: {describe_mismatch(a, e, atol, rtol)}"))
+    check_program(report.failures, module, fused, captured.weights, inputs, run_fused, atol, rtol)
     return report
