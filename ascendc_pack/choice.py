@@ -9,6 +9,15 @@ from .candidate import Candidate
 from .fusion_ir import KernelSpec
 
 
+def rel_spread(samples_us, median_us) -> float | None:
+    """Interquartile range of PGO samples over their median (None with < 4 samples or no median):
+    the measurement quality of a kernel or tactic candidate."""
+    s = sorted(samples_us)
+    if len(s) < 4 or not median_us:
+        return None
+    return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / median_us
+
+
 @dataclass
 class CandidateResult:
     """One candidate's measurement (``median_us`` None when not timed or failed).
@@ -34,10 +43,7 @@ class CandidateResult:
     @property
     def rel_spread(self) -> float | None:
         """Interquartile range of the samples over their median (None with < 4 samples)."""
-        s = sorted(self.samples_us)
-        if len(s) < 4 or not self.median_us:
-            return None
-        return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / self.median_us
+        return rel_spread(self.samples_us, self.median_us)
 
     @staticmethod
     def from_json(d: dict) -> CandidateResult:

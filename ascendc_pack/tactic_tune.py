@@ -44,7 +44,7 @@ from ascendc_pack_runtime.accuracy import check_tensor
 from . import tactics as T
 from .autotune import AutotuneError, CandidateFailed, Protocol, select
 from .cache import KernelDir, atomic_write_text, stable_hash
-from .choice import MeasurementQuality
+from .choice import MeasurementQuality, rel_spread
 from .config import BuildConfig, host_cores
 from .executor import run_aten, run_model, run_program, run_reference_tactic
 from .program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
@@ -81,10 +81,7 @@ class TacticResult:
 
     @property
     def rel_spread(self) -> float | None:
-        s = sorted(self.samples_us)
-        if len(s) < 4 or not self.median_us:
-            return None
-        return (s[(3 * len(s)) // 4] - s[len(s) // 4]) / self.median_us
+        return rel_spread(self.samples_us, self.median_us)
 
     def to_json(self) -> dict:
         d = {"index": self.index, "key": self.key, "name": self.name, "median_us": self.median_us,
