@@ -31,7 +31,7 @@ from .fold import is_foldable
 from .graph_aten import meta_layouts
 from .program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
 from .tactic_gemm import GemmTactic, lowered_gemm_runner
-from .tactic_pass import Constants, WeightSink, thread_weights
+from .tactic_pass import Constants, WeightSink, rewrite_cond
 
 
 @dataclass(frozen=True)
@@ -89,23 +89,7 @@ class _Lowerer:
                 self.lowered += 1
                 steps.append(self.lower(s, index, consts, scope, needs, values))
             elif isinstance(s, CondStep):
-                self.conds += 1
-                branches, extra = [], []
-                for tag, br in (("then", s.then_branch), ("else", s.else_branch)):
-                    by_input = dict(zip(br.inputs, s.operands))
-
-                    def inner(n, by_input=by_input):
-                        o = by_input.get(n)
-                        return (lambda: consts.tensor(o)) if o is not None and o in consts else None
-
-                    nb, bneeds = self.program(br, inner, f"{scope}cond{self.conds}_{tag}__")
-                    branches.append(nb)
-                    extra += [n for n in bneeds if n not in extra]
-                then_b, else_b = thread_weights(branches[0], branches[1], extra, self.sink)
-                needs += [n for n in extra if n not in needs]
-                values.update({n: self.sink.specs[n] for n in extra})
-                operands = list(s.operands) + [n for n in extra if n not in s.operands]
-                steps.append(CondStep(s.pred, then_b, else_b, operands, list(s.outputs)))
+                steps.append(rewrite_cond(self, s, consts, scope, needs, values))
             else:
                 steps.append(s)
         return Program(list(p.inputs), steps, list(p.outputs), values), needs

@@ -180,23 +180,7 @@ class _State:
         return new, needs
 
     def cond(self, s: CondStep, consts: Constants, scope: str, needs: list[str], values: dict) -> CondStep:
-        self.conds += 1
-        branches, extra = [], []
-        for tag, br in (("then", s.then_branch), ("else", s.else_branch)):
-            by_input = dict(zip(br.inputs, s.operands))
-
-            def outer(n, by_input=by_input):
-                o = by_input.get(n)
-                return (lambda: consts.tensor(o)) if o is not None and o in consts else None
-
-            nb, bneeds = self.program(br, outer, f"{scope}cond{self.conds}_{tag}__")
-            branches.append(nb)
-            extra += [n for n in bneeds if n not in extra]
-        then_b, else_b = thread_weights(branches[0], branches[1], extra, self.sink)
-        needs += [n for n in extra if n not in needs]
-        for n in extra:
-            values[n] = self.sink.specs[n]
-        return CondStep(s.pred, then_b, else_b, list(s.operands) + extra, list(s.outputs))
+        return rewrite_cond(self, s, consts, scope, needs, values)
 
     def tactic_step(self, p: Program, m: Match, consts: Constants, scope: str, needs: list[str]) -> TacticStep | None:
         try:
@@ -239,6 +223,29 @@ def thread_weights(then_b: Program, else_b: Program, names: list[str], sink: Wei
         values.update({n: sink.specs[n] for n in new_inputs})
         out.append(dataclasses.replace(br, inputs=list(br.inputs) + new_inputs, values=values))
     return out[0], out[1]
+
+
+def rewrite_cond(rewriter, s: CondStep, consts: Constants, scope: str, needs: list[str], values: dict) -> CondStep:
+    """``s`` with both branches rewritten by ``rewriter.program(branch, outer, scope)`` (the tactic
+    pass and the lowering share this). The weights a branch now needs become extra operands of the
+    step, threaded through both branches, and are added to ``needs`` and ``values``."""
+    rewriter.conds += 1
+    branches, extra = [], []
+    for tag, br in (("then", s.then_branch), ("else", s.else_branch)):
+        by_input = dict(zip(br.inputs, s.operands))
+
+        def outer(n, by_input=by_input):
+            o = by_input.get(n)
+            return (lambda: consts.tensor(o)) if o is not None and o in consts else None
+
+        nb, bneeds = rewriter.program(br, outer, f"{scope}cond{rewriter.conds}_{tag}__")
+        branches.append(nb)
+        extra += [n for n in bneeds if n not in extra]
+    then_b, else_b = thread_weights(branches[0], branches[1], extra, rewriter.sink)
+    needs += [n for n in extra if n not in needs]
+    values.update({n: rewriter.sink.specs[n] for n in extra})
+    operands = list(s.operands) + [n for n in extra if n not in s.operands]
+    return CondStep(s.pred, then_b, else_b, operands, list(s.outputs))
 
 
 def _source(p: Program, producers: dict, name: str):
@@ -336,4 +343,4 @@ def in_layout_chain(t: T.Tactic) -> bool:
 
 
 __all__ = ["find_tactics", "TacticPassResult", "WeightSink", "Constants", "candidates_for", "step_name",
-           "thread_weights", "in_layout_chain", "LAYOUT_KEEPING"]
+           "thread_weights", "rewrite_cond", "in_layout_chain", "LAYOUT_KEEPING"]
