@@ -26,7 +26,7 @@ from .compiler import compile_kernels
 from .gemm import DTYPES, GemmSpec, GemmTarget, plan
 from .gemm_launch import GemmKernel, PackedB, logical_b
 from .program import TacticStep, TensorSpec
-from .verify import Arena, SandboxCrashed, SandboxHung
+from .verify import Arena, launch_checked
 
 log = logging.getLogger("ascendc_pack")
 
@@ -137,17 +137,9 @@ class GemmRunner:
         ins = [self.a, b] + ([self.bias] if self.bias is not None else []) + self.residuals
         arena = Arena(ins, [((spec.m, spec.n), DTYPES[spec.dtype][1])])
         try:
-            arena.poison_outputs()
-            try:
-                rc = sandbox.launch(self.gt.so_path, arena, self.gt.candidate.workspace, timeout_s)
-            except SandboxHung as e:
-                return _verdict("timeout", str(e))
-            except SandboxCrashed as e:
-                return _verdict("crashed", str(e))
-            if rc != 0:
-                return _verdict("status", f"returned status {rc}")
-            if not arena.inputs_intact():
-                return _verdict("wrote into its input", "the kernel changed one of its input tensors")
+            bad = launch_checked(sandbox, self.gt.so_path, arena, self.gt.candidate.workspace, timeout_s)
+            if bad is not None:
+                return _verdict(bad.reason, bad.detail)
             got = arena.outputs[0].clone()
         finally:
             arena.close()

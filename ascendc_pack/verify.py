@@ -326,11 +326,14 @@ def _one_thread():
         torch.set_num_threads(n)
 
 
-def _verify_one(step: FusedStep, runner, arena: _Arena, reference: list[torch.Tensor], sandbox: KernelSandbox,
-                timeout: float) -> Disqualification | None:
+def launch_checked(sandbox: KernelSandbox, so_path, arena: _Arena, workspace: int,
+                   timeout: float) -> Disqualification | None:
+    """Launch one compiled candidate in ``sandbox`` on ``arena`` (outputs poisoned first): why it
+    must be disqualified (a hang, a crash, a non-zero status, a write into an input, whose inputs
+    are then restored), or None when it ran cleanly and its outputs are ready to compare."""
     arena.poison_outputs()
     try:
-        rc = sandbox.launch(runner.lib.path, arena, runner.lib.workspace, timeout)
+        rc = sandbox.launch(so_path, arena, workspace, timeout)
     except SandboxHung as exc:
         return Disqualification("timeout", str(exc))
     except SandboxCrashed as exc:
@@ -340,6 +343,14 @@ def _verify_one(step: FusedStep, runner, arena: _Arena, reference: list[torch.Te
     if not arena.inputs_intact():
         arena.restore_inputs()
         return Disqualification("wrote into its input", "the kernel changed one of its input tensors")
+    return None
+
+
+def _verify_one(step: FusedStep, runner, arena: _Arena, reference: list[torch.Tensor], sandbox: KernelSandbox,
+                timeout: float) -> Disqualification | None:
+    bad = launch_checked(sandbox, runner.lib.path, arena, runner.lib.workspace, timeout)
+    if bad is not None:
+        return bad
     for name, out, ref in zip(step.outputs, arena.outputs, reference):
         bad = compare_output(name, out, ref)
         if bad is not None:
