@@ -47,10 +47,11 @@ from .program import ModelProgram, dtype_name
 from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
-from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph, weight_layout
+from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph_cached, weight_layout
 from .tactic_report import gemm_libraries, manifest_tactics, tuning_tactics
 
 ZSTD_LEVEL = 6
+COPY_CHUNK = 1 << 20   # bytes per copy into the archive (tarfile's default 16 KiB costs Python calls)
 TUNING_FORMAT = "ascpack-tuning"
 
 
@@ -93,35 +94,74 @@ def _tensor_bytes(t: torch.Tensor):
     return (ctypes.c_char * n).from_address(t.data_ptr()) if n else b""
 
 
-def _write_weights(model: ModelProgram, weights: dict[str, torch.Tensor], path: Path):
-    """weights.bin (raw, every tensor at a 64-byte aligned offset) and its index."""
-    entries, layouts = [], {}
+@dataclass
+class WeightsBlob:
+    """``weights.bin`` held in memory, never written to a staging file: the weight tensors
+    (already in their bundle layout) at 64-byte aligned offsets, streamed into the archive."""
+
+    chunks: list            # buffers and zero paddings, in file order
+    size: int
+    sha256: str
+    tensors: list = field(default_factory=list, repr=False)   # the memory under the buffers
+
+    def reader(self) -> io.BufferedReader:
+        """A file object reading the blob (what the archive writer copies from)."""
+        return io.BufferedReader(_ChunkReader(self.chunks), buffer_size=COPY_CHUNK)
+
+
+class _ChunkReader(io.RawIOBase):
+    def __init__(self, chunks):
+        self._chunks = iter(chunks)
+        self._current = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not len(self._current):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._current = memoryview(chunk).cast("B")
+        n = min(len(buf), len(self._current))
+        buf[:n] = self._current[:n]
+        self._current = self._current[n:]
+        return n
+
+
+def _weights_blob(model: ModelProgram, weights: dict[str, torch.Tensor]):
+    """weights.bin (raw, every tensor at a 64-byte aligned offset), its index and layouts."""
+    entries, layouts, chunks, tensors = [], {}, [], []
     offset = 0
-    with open(path, "wb") as f:
-        for name in model.weights:
-            t = weights.get(name)
-            if t is None:
-                raise BundleWriteError(f"weight {name!r} (parameter {model.weight_fqns.get(name, name)}) is "
-                                       "missing from the weights passed to write_bundle")
-            spec = model.program.values[name]
-            if tuple(t.shape) != tuple(spec.shape) or dtype_name(t.dtype) != spec.dtype:
-                raise BundleWriteError(f"weight {name!r} is {dtype_name(t.dtype)}{list(t.shape)}, the program "
-                                       f"expects {spec.dtype}{list(spec.shape)}")
-            t = t.detach().cpu()
-            shape, stride = weight_layout(t)
+    digest = hashlib.sha256()
+    for name in model.weights:
+        t = weights.get(name)
+        if t is None:
+            raise BundleWriteError(f"weight {name!r} (parameter {model.weight_fqns.get(name, name)}) is "
+                                   "missing from the weights passed to write_bundle")
+        spec = model.program.values[name]
+        if tuple(t.shape) != tuple(spec.shape) or dtype_name(t.dtype) != spec.dtype:
+            raise BundleWriteError(f"weight {name!r} is {dtype_name(t.dtype)}{list(t.shape)}, the program "
+                                   f"expects {spec.dtype}{list(spec.shape)}")
+        t = t.detach().cpu()
+        shape, stride = weight_layout(t)
+        if tuple(t.stride()) != tuple(stride):  # else its bytes are already the stored layout
             dense = torch.empty_strided(shape, stride, dtype=t.dtype)
             dense.copy_(t)
-            nbytes = dense.numel() * dense.element_size()
-            pad = -offset % WEIGHT_ALIGNMENT
-            if pad:
-                f.write(b"\0" * pad)
-                offset += pad
-            f.write(_tensor_bytes(dense))
-            entries.append(contract.WeightSpec(name, model.weight_fqns.get(name, name), dtype_name(t.dtype),
-                                               tuple(shape), tuple(stride), offset, nbytes))
-            layouts[name] = (shape, stride)
-            offset += nbytes
-    return entries, layouts
+            t = dense
+        tensors.append(t)
+        nbytes = t.numel() * t.element_size()
+        pad = -offset % WEIGHT_ALIGNMENT
+        for chunk in ((b"\0" * pad) if pad else b"", _tensor_bytes(t)):
+            if len(chunk):
+                digest.update(chunk)
+                chunks.append(chunk)
+        offset += pad
+        entries.append(contract.WeightSpec(name, model.weight_fqns.get(name, name), dtype_name(t.dtype),
+                                           tuple(shape), tuple(stride), offset, nbytes))
+        layouts[name] = (shape, stride)
+        offset += nbytes
+    return WeightsBlob(chunks, offset, digest.hexdigest(), tensors), entries, layouts
 
 
 def _sanitize(text: str, config: BuildConfig) -> str:
@@ -175,21 +215,26 @@ def archive_writer(dest: Path, level: int = ZSTD_LEVEL):
     runtime detects any corruption of the stream, docs/DESIGN.md §4.2), normalized tar headers."""
     import zstandard
 
-    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
+    # all cores: zstd's multi-threaded frames are the same bytes whatever the number of threads
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=-1)
     with open(dest, "wb") as f:
         with cctx.stream_writer(f, closefd=False) as zw:
-            with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            with tarfile.open(fileobj=zw, mode="w", format=tarfile.PAX_FORMAT, copybufsize=COPY_CHUNK) as tar:
                 yield lambda name, size, fileobj: tar.addfile(_tarinfo(name, size), fileobj)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path]], level: int) -> None:
+def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Path | WeightsBlob]],
+                   level: int) -> None:
     with archive_writer(dest, level) as add:
         add(MANIFEST_NAME, len(manifest_bytes), io.BytesIO(manifest_bytes))
-        for name, path in files:
-            with open(path, "rb") as src:
-                add(name, path.stat().st_size, src)
+        for name, src in files:
+            if isinstance(src, WeightsBlob):
+                add(name, src.size, src.reader())
+                continue
+            with open(src, "rb") as f:
+                add(name, src.stat().st_size, f)
 
 
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
@@ -247,16 +292,16 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:
         staging = Path(staging)
-        weights_path = staging / WEIGHTS_FILE
-        weight_entries, layouts = _write_weights(model, weights, weights_path)
-        graph_src = render_graph(model, refs, layouts)
+        blob, weight_entries, layouts = _weights_blob(model, weights)
+        graph_src = render_graph_cached(model, refs, layouts, config.cache_dir)
         graph = compile_graph(graph_src, config, cxx)
         tuning_path = staging / TUNING_FILE
         tuning_path.write_text(_tuning_json(model, choices, names, config, tactics))
 
         files = [(GRAPH_LIBRARY, graph.path), (GRAPH_SOURCE, graph.source_path), *kernel_files,
-                 (WEIGHTS_FILE, weights_path), (TUNING_FILE, tuning_path)]
-        members = {name: contract.Member(path.stat().st_size, _sha256(path)) for name, path in files}
+                 (WEIGHTS_FILE, blob), (TUNING_FILE, tuning_path)]
+        members = {name: contract.Member(blob.size, blob.sha256) if src is blob else
+                   contract.Member(src.stat().st_size, _sha256(src)) for name, src in files}
         manifest = _manifest(model, config, graph_src, weight_entries, kernel_entries, members,
                              manifest_tactics(tactics) if tactics else None)
         manifest_bytes = manifest.dumps()

@@ -27,6 +27,7 @@ stored, as raw bytes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -106,26 +107,32 @@ def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in sorted(out.items())}
 
 
-def _raw(t: torch.Tensor) -> bytes:
-    """The bytes of a tensor's elements in row-major order (no numpy: a base install has none)."""
-    t = t.contiguous()
+def _buffer(t: torch.Tensor):
+    """A zero-copy buffer over the elements of a contiguous tensor (no numpy: a base install
+    has none); keep ``t`` alive while it is used."""
     n = t.numel() * t.element_size()
-    return bytes((ctypes.c_char * n).from_address(t.data_ptr())) if n else b""
+    return (ctypes.c_char * n).from_address(t.data_ptr()) if n else b""
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    """The bytes of a tensor's elements in row-major order."""
+    return bytes(_buffer(t.contiguous()))
 
 
 def _digest(t: torch.Tensor) -> bytes:
-    return hashlib.sha256(_raw(t)).digest()
+    t = t.contiguous()
+    return hashlib.sha256(_buffer(t)).digest()
+
+
+def _installed_roots() -> tuple[str, ...]:
+    return tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                  for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 def _code_files(module: torch.nn.Module) -> set[str]:
     """Source files of the model's module classes, and every loaded module of the user's own code
     next to them (in the directories of those class files that are not installed packages)."""
-    installed = {os.path.realpath(p) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib",
-                                                                                  "purelib", "platlib")}}
-
-    def is_installed(path: str) -> bool:
-        return any(path.startswith(p + os.sep) for p in installed)
-
+    installed = _installed_roots()
     files = set()
     for sub in module.modules():
         try:
@@ -134,27 +141,40 @@ def _code_files(module: torch.nn.Module) -> set[str]:
             f = None
         if f and os.path.isfile(f):
             files.add(os.path.realpath(f))
-    roots = {os.path.dirname(f) for f in files if not is_installed(f)}
+    roots = tuple({os.path.dirname(f) + os.sep for f in files if not f.startswith(installed)})
+    if not roots:
+        return files
+    real_dir = functools.lru_cache(maxsize=None)(os.path.realpath)  # thousands of modules, few directories
     for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
-        if f and f.endswith(".py") and os.path.isfile(f):
-            real = os.path.realpath(f)
-            if any(real.startswith(r + os.sep) for r in roots) and not is_installed(real):
-                files.add(real)
+        if f and f.endswith(".py"):
+            d = real_dir(os.path.dirname(f))
+            if (d + os.sep).startswith(roots) and not (d + os.sep).startswith(installed) and os.path.isfile(f):
+                files.add(os.path.realpath(f))
     return files
 
 
 def _distributions(module: torch.nn.Module) -> set[str]:
-    """``name==version`` of the installed packages the model's classes come from."""
-    out = set()
-    tops = {type(sub).__module__.split(".")[0] for sub in module.modules()}
-    for top, dists in importlib.metadata.packages_distributions().items():
-        if top in tops:
-            for dist in dists:
-                try:
-                    out.add(f"{dist}=={importlib.metadata.version(dist)}")
-                except importlib.metadata.PackageNotFoundError:
-                    pass
+    """``name==version`` of the installed packages the model's classes come from: the package's
+    ``__version__`` where it has one (``importlib.metadata`` scans every installed distribution,
+    a tenth of a second), the distribution's metadata otherwise."""
+    out, unresolved = set(), set()
+    installed = _installed_roots()
+    for top in {type(sub).__module__.split(".")[0] for sub in module.modules()}:
+        mod = sys.modules.get(top)
+        version = getattr(mod, "__version__", None)
+        if isinstance(version, str):
+            out.add(f"{top}=={version}")
+        elif os.path.realpath(getattr(mod, "__file__", None) or "").startswith(installed):
+            unresolved.add(top)  # (the user's own code is hashed by _code_files)
+    if unresolved:
+        for top, dists in importlib.metadata.packages_distributions().items():
+            if top in unresolved:
+                for dist in dists:
+                    try:
+                        out.add(f"{dist}=={importlib.metadata.version(dist)}")
+                    except importlib.metadata.PackageNotFoundError:
+                        pass
     return out
 
 

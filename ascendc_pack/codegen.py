@@ -32,13 +32,19 @@ ROUND_FN = {"float16": "ap_round_f16", "bfloat16": "ap_round_bf16"}  # round a f
 
 
 @lru_cache(maxsize=1)
-def template_env() -> jinja2.Environment:
-    """The one Jinja environment for kernel and graph templates (StrictUndefined)."""
+def template_root() -> Path:
+    """The directory of the kernel and graph templates (``templates/``)."""
     try:
-        root = Path(str(resources.files("ascendc_pack.templates")))
+        return Path(str(resources.files("ascendc_pack.templates")))
     except ModuleNotFoundError:  # running from a source tree without installing
-        root = Path(__file__).resolve().parents[1] / "templates"
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
+        return Path(__file__).resolve().parents[1] / "templates"
+
+
+@lru_cache(maxsize=1)
+def template_env() -> jinja2.Environment:
+    """The one Jinja environment for kernel and graph templates (StrictUndefined); one per
+    process, so each template is compiled once."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_root())), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
 
 

@@ -378,11 +378,15 @@ class Fuser:
 
     # convexity ---------------------------------------------------------------------------------
     def _convex(self, members: set[int]) -> bool:
-        """No path from the group back into it through a step outside it (views transparent)."""
+        """No path from the group back into it through a step outside it (views transparent).
+
+        Steps are in execution order (a consumer comes after its producers), so such a path
+        only visits steps before the group's last member: the search stops there."""
         stack, seen = [], set()
+        last = max(members)
         for i in members:
             for c in self.g.consumers.get(self.g.steps[i].outputs[0], []):
-                if c not in members:
+                if c not in members and c < last:
                     stack.append((c, False))
         while stack:
             c, tainted = stack.pop()
@@ -396,7 +400,8 @@ class Fuser:
                         if tainted:
                             return False
                         continue
-                    stack.append((d, tainted))
+                    if d < last:
+                        stack.append((d, tainted))
         return True
 
     # grouping ----------------------------------------------------------------------------------

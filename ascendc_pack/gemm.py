@@ -22,19 +22,22 @@ launches one on tensors (packing B when the candidate wants it);
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 
-from .cache import check_component, stable_hash
+from .cache import KernelDir, atomic_write_text, check_component, stable_hash
 from .candidate import Candidate
 from .codegen import template_env
 from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
 from .config import BuildConfig
 from .errors import PackError
+
+log = logging.getLogger("ascendc_pack")
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/gemm.cpp.j2"
@@ -262,8 +265,10 @@ class GemmTiling:
 
     @property
     def tiling_repr(self) -> str:
-        d = asdict(self)
-        return ";".join(f"{k}={d[k]}" for k in sorted(d))
+        return ";".join(f"{k}={getattr(self, k)}" for k in _TILING_FIELDS)
+
+
+_TILING_FIELDS = sorted(f.name for f in fields(GemmTiling))
 
 
 @dataclass(frozen=True)
@@ -418,14 +423,17 @@ def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
             seen.add(cand.kernel_key)
             scored.append(GemmCandidate(t, cand, estimate_us(spec, t, target)))
     scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
-    ranked = []
+    ranked: dict[int, GemmCandidate] = {}  # by id: insertion-ordered, no deep comparisons
     for kind in (lambda t: (t.pack, t.bd), lambda t: (t.mr, t.nr)):
         firsts = {}
         for c in scored:
             firsts.setdefault(kind(c.tiling), c)
-        ranked += [c for c in firsts.values() if c not in ranked]
-    ranked += [c for c in scored if c not in ranked]
-    return sorted(ranked[:max(1, min(topn, MAX_CANDIDATES))], key=lambda c: (c.est_us, c.candidate.tiling_repr))
+        for c in firsts.values():
+            ranked.setdefault(id(c), c)
+    for c in scored:
+        ranked.setdefault(id(c), c)
+    return sorted(list(ranked.values())[:max(1, min(topn, MAX_CANDIDATES))],
+                  key=lambda c: (c.est_us, c.candidate.tiling_repr))
 
 
 # ----------------------------------------------------------------------------- render + build
@@ -471,13 +479,35 @@ class GemmBuild:
 
 
 def plan(spec: GemmSpec, config: BuildConfig, target: GemmTarget | None = None) -> GemmBuild:
-    """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
+    """Propose ``config.topn`` candidates of ``spec`` and render their sources. The proposal is
+    kept in the GEMM's cache directory (a warm rebuild skips the cost model)."""
     target = target or GemmTarget.detect(config.effective_cores, config.march)
     isa = ",".join(isa_features(config.march))
-    cands = propose(spec, target, config.topn)
-    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
     ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
+    stored = KernelDir(config.kernel_cache_root, spec.name, ahash).path / \
+        f"proposal-{stable_hash(repr(target), config.topn)[:16]}.json"
+    cands = _read_proposal(stored)
+    if cands is None:
+        cands = propose(spec, target, config.topn)
+        atomic_write_text(stored, json.dumps([[asdict(c.tiling), c.candidate.workspace, c.est_us] for c in cands]))
+    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
     return GemmBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
+
+
+def _read_proposal(path: Path) -> list[GemmCandidate] | None:
+    """A proposal :func:`plan` stored (the cache key covers spec, generator, target and topn)."""
+    try:
+        rows = json.loads(path.read_text())
+        out = []
+        for tiling, workspace, est_us in rows:
+            t = GemmTiling(**tiling)
+            out.append(GemmCandidate(t, Candidate(t.tiling_repr, int(workspace), t.bd), float(est_us)))
+        return out or None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("GEMM proposal %s is unusable (%s); proposing again", path, exc)
+        return None
 
 
 def compile_gemms(specs: list[GemmSpec], config: BuildConfig, target: GemmTarget | None = None,

@@ -196,7 +196,7 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
     try:  # a warm cache times nothing, but the runs still say which steps the inputs reach
         with progress.stage("tactics", total=tuner.pending(), label="tune tactics") as st:
             done = tuner.pending()
-            for inputs in input_sets:
+            for inputs in () if _reach_without_running(tuner, found.model, input_sets) else input_sets:
                 tuner(*_clone(inputs))
                 st.advance(done - tuner.pending())
                 done = tuner.pending()
@@ -206,6 +206,15 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
     lowered = lower_tactics(found.model, found.weights, decisions, tuner.choices)
     model = propagate_layouts(lowered.model) if lowered.lowered else lowered.model
     return Captured(model, lowered.weights), tuner.choices, (tuner.profiled, tuner.disqualified)
+
+
+def _reach_without_running(tuner, model, input_sets) -> bool:
+    """On a warm cache of a program without ``torch.cond`` every run only marks every step
+    reached: do that without running (``tuner``: a TacticTuner or PythonModeModule). True if so."""
+    if not input_sets or tuner.pending() or model.program.has_branches():
+        return False
+    tuner.reach_all()
+    return True
 
 
 def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int | None = None,
@@ -294,7 +303,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                           backend=get_backend(config.backend))
     with pm, progress.stage("tune", total=pm.pending()) as st:
         pm.log_progress = lambda _: st.advance()
-        for inputs in input_sets:
+        for inputs in () if _reach_without_running(pm, fused, input_sets) else input_sets:
             pm(*_clone(inputs))
     choices, fallbacks = pm.choices(), pm.fallbacks()
     # the graph engineer's render stage will report graph compile progress itself; until then the

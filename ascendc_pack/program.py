@@ -190,6 +190,10 @@ class Program:
                 yield from step.then_branch.walk()
                 yield from step.else_branch.walk()
 
+    def has_branches(self) -> bool:
+        """Whether the program holds a ``torch.cond``: only then may a run skip some of its steps."""
+        return any(isinstance(s, CondStep) for s in self.steps)
+
     def fused_steps(self) -> list[FusedStep]:
         """Every fused kernel of the program, branches included."""
         return [s for s in self.walk() if isinstance(s, FusedStep)]

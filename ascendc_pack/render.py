@@ -14,6 +14,12 @@ The public entry of the graph stage, in three parts:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import logging
+from pathlib import Path
+
 import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides, is_dense
@@ -24,7 +30,11 @@ from .graph_compile import (GRAPH_CACHE_SUBDIR, GraphLibrary, compile_graph, gra
 from .graph_emit import GRAPH_ABI_VERSION, GraphSource, render_source
 from .graph_memory import MemoryPlan
 from .graph_plan import GraphPlan, KernelRef, plan_graph
+from .cache import atomic_write_text, stable_hash
+from .codegen import template_root
 from .program import ModelProgram
+
+log = logging.getLogger("ascendc_pack")
 
 
 def weight_layout(t: torch.Tensor) -> tuple[tuple, tuple]:
@@ -48,6 +58,42 @@ def render_graph(model: ModelProgram, kernels: dict[str, KernelRef],
     return render_source(plan_graph(model, kernels, weight_layouts))
 
 
-__all__ = ["render_graph", "compile_graph", "prepare_graph_runtime", "start_graph_runtime", "plan_graph",
+RENDER_CACHE_SUBDIR = Path("ascendc") / "graph_render"
+
+
+def render_graph_cached(model: ModelProgram, kernels: dict[str, KernelRef], weight_layouts: dict[str, tuple],
+                        cache_dir: Path | str) -> GraphSource:
+    """:func:`render_graph`, reusing the render of the same inputs from
+    ``<cache_dir>/ascendc/graph_render/`` (a warm rebuild skips planning, which also spares it
+    the import of torch's symbolic-shape machinery some meta kernels pull in).
+
+    The key covers the program, the kernel references, the weight layouts, torch and the source
+    of the graph stage itself (its modules and template), so a change to any of them renders anew.
+    """
+    key = stable_hash(_generator_identity(), torch.__version__, model.dumps(),
+                      json.dumps([dataclasses.astuple(kernels[k]) for k in sorted(kernels)]),
+                      json.dumps(sorted((k, [list(x) for x in v]) for k, v in (weight_layouts or {}).items())))
+    path = Path(cache_dir) / RENDER_CACHE_SUBDIR / f"{key[:40]}.json"
+    try:
+        return GraphSource(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("graph render cache entry %s is unusable (%s); rendering again", path, exc)
+    src = render_graph(model, kernels, weight_layouts)
+    atomic_write_text(path, json.dumps(dataclasses.asdict(src)))
+    return src
+
+
+@functools.lru_cache(maxsize=1)
+def _generator_identity() -> str:
+    """A hash of the code that plans and renders graphs (the graph_* modules, this module, the template)."""
+    here = Path(__file__).resolve().parent
+    files = sorted(here.glob("graph_*.py")) + [here / "render.py", here / "program.py"]
+    files += sorted(Path(str(template_root())).glob("graph/*.j2"))
+    return stable_hash(*[f.read_bytes() for f in files])
+
+
+__all__ = ["render_graph", "render_graph_cached", "compile_graph", "prepare_graph_runtime", "start_graph_runtime", "plan_graph",
            "GraphSource", "GraphLibrary", "GraphPlan", "MemoryPlan", "KernelRef", "RenderError", "weight_layout",
            "graph_flags", "graph_cache_key", "GRAPH_ABI_VERSION", "GRAPH_CACHE_SUBDIR"]

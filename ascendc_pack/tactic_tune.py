@@ -235,6 +235,13 @@ class TacticTuner:
     def disqualified(self) -> int:
         return sum(1 for ch in self.choices.values() if ch.profiled for r in ch.results if r.disqualified)
 
+    def reach_all(self) -> None:
+        """Mark every step reached, as a run does on a program without ``torch.cond`` (every run
+        reaches every step): a warm rebuild with nothing left to tune skips the runs."""
+        for s in self.instances:
+            self.reached.add(id(s))
+            self.choices[s.name].visited = True
+
     def _run(self, step: TacticStep, env: dict) -> torch.Tensor:
         out = run_reference_tactic(step, env)
         self.reached.add(id(step))

@@ -371,6 +371,12 @@ class PythonModeModule:
         return {name: KernelFallback(name, st.fallback, list(st.results or []), st.visited or st.from_cache)
                 for name, st in self.states.items() if st.fallback is not None}
 
+    def reach_all(self) -> None:
+        """Mark every kernel visited, as a run does on a program without ``torch.cond`` (every
+        run reaches every step): a warm rebuild with nothing left to tune skips the runs."""
+        for st in self.states.values():
+            st.visited = True
+
     def pending(self) -> int:
         """Kernels that will time their candidates when a run first reaches them."""
         return sum(1 for st in self.states.values() if not st.decided)
