@@ -62,9 +62,11 @@ def runtime_include_dir() -> Path:
                        "(pip install -e . from the source tree)")
 
 
+@lru_cache(maxsize=None)
 def headers_hash() -> str:
     """sha256 over every runtime header (relative path and content): the part of a cache key
-    that stands for ``-I<runtime include dir>``, so keys do not depend on where it lives."""
+    that stands for ``-I<runtime include dir>``, so keys do not depend on where it lives
+    (computed once per process: every kernel's cache key holds it)."""
     inc = runtime_include_dir()
     h = hashlib.sha256()
     for p in sorted(inc.rglob("*.h")):

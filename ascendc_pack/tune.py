@@ -33,6 +33,7 @@ import platform
 import statistics
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -62,6 +63,11 @@ never verified, so its kernel re-tunes)."""
 
 def host_fingerprint() -> dict:
     """What makes timings comparable: machine, CPU model, usable cores, vector ISA."""
+    return dict(_host_fingerprint())
+
+
+@lru_cache(maxsize=1)
+def _host_fingerprint() -> dict:
     model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
