@@ -8,6 +8,7 @@ end of ``build`` both use :func:`check_against_eager`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass
@@ -50,6 +51,26 @@ def _compare(expected, actual, atol, rtol, names, reference64) -> tuple[list[Out
     return check_outputs(names, exp, act, ref, rtol=rtol, atol=atol), None
 
 
+@contextlib.contextmanager
+def plain_cond():
+    """Run ``torch.cond`` as what it means in eager mode, ``true_fn(*operands) if pred else
+    false_fn(*operands)`` (torch's documented semantics), while the eager reference runs. Called
+    outside ``torch.compile``, ``torch.cond`` compiles itself with dynamo: about 1.5 s on its
+    first call, most of a warm rebuild of a model with branches. Code that imported ``cond``
+    by name keeps torch's (slower, same result)."""
+    original = torch.cond
+
+    def cond(pred, true_fn, false_fn, operands=()):
+        taken = true_fn if bool(pred) else false_fn
+        return taken(*operands)
+
+    torch.cond = cond
+    try:
+        yield
+    finally:
+        torch.cond = original
+
+
 def check_against_eager(module: torch.nn.Module, input_sets: list[tuple], run: Callable,
                         names: list[str] | None = None, atol: float | None = None,
                         rtol: float | None = None) -> list[InputSetCheck]:
@@ -61,7 +82,7 @@ def check_against_eager(module: torch.nn.Module, input_sets: list[tuple], run: C
     for k, inputs in enumerate(input_sets):
         label = "example inputs" if k == 0 else f"calibration set {k - 1}"
         eager_in, our_in = _clone(inputs), _clone(inputs)
-        with torch.no_grad():
+        with torch.no_grad(), plain_cond():
             expected = module(*eager_in)
         actual = run(*our_in)
         checks, problem = _compare(expected, actual, atol, rtol, names, None)
@@ -89,7 +110,7 @@ def _float64_copy(module: torch.nn.Module):
 def _float64_run(module64: torch.nn.Module, inputs: tuple):
     wide = tuple(t.to(torch.float64) if t.is_floating_point() else t.clone() for t in inputs)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), plain_cond():
             return module64(*wide)
     except Exception as exc:  # noqa: BLE001 - some models only run in their own dtype
         log.info("no float64 reference (%s: %s)", type(exc).__name__, exc)

@@ -6,14 +6,18 @@ Used by :mod:`ascendc_pack.graph_plan`; nothing here renders C++.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ascendc_pack_runtime.tensor_meta import SCALAR_TYPES, dtype_name, torch_dtype
 
+from .cache import atomic_write_text, stable_hash
 from .errors import PackError
 from .executor import resolve_op
 from .program import AtenStep, Ref
@@ -158,9 +162,42 @@ def _find_out_overload(op: str):
     return None
 
 
+_META_MEMO: dict[str, list | None] = {}
+"""Outputs of :func:`_meta_outputs` by :func:`_meta_key`: a pure function of the op, the input
+layouts and the other arguments, so one process answers each question once (and
+:func:`meta_layout_cache` keeps the answers across builds)."""
+
+
 def meta_layouts(step: AtenStep, layout_of) -> list[tuple] | None:
     """Output ``(shape, stride, dtype)`` of ``step`` computed by torch on meta tensors whose
     layouts ``layout_of(name)`` gives (``(shape, stride, dtype)``); None if that fails."""
+    key = _meta_key(step, layout_of)
+    if key not in _META_MEMO:
+        _META_MEMO[key] = _meta_outputs(step, layout_of)
+    outs = _META_MEMO[key]
+    if outs is None:
+        return None
+    if not step.multi:
+        outs = outs[:1]
+    if len(outs) != len(step.outputs) or any(o is None for o in outs):
+        return None
+    return list(outs)
+
+
+def _meta_key(step: AtenStep, layout_of) -> str:
+    def norm(a):
+        if isinstance(a, Ref):
+            shape, stride, dtype = layout_of(a.name)
+            return ("T", tuple(shape), tuple(stride), str(dtype))
+        if isinstance(a, (list, tuple)):
+            return [norm(x) for x in a]
+        return (type(a).__name__, repr(a))
+
+    return repr((step.op, norm(list(step.args)), sorted((k, norm(v)) for k, v in step.kwargs.items())))
+
+
+def _meta_outputs(step: AtenStep, layout_of) -> list | None:
+    """Every output of the op on meta tensors (None for a non-tensor), or None if it fails."""
 
     def conv(a):
         if isinstance(a, Ref):
@@ -178,11 +215,32 @@ def meta_layouts(step: AtenStep, layout_of) -> list[tuple] | None:
         log.debug("meta execution of %s failed (%s); its layout is checked at run time", step.op, e)
         return None
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    if not step.multi:
-        outs = outs[:1]
-    if len(outs) != len(step.outputs) or not all(isinstance(o, torch.Tensor) for o in outs):
-        return None
-    return [(tuple(o.shape), tuple(o.stride()), dtype_name(o.dtype)) for o in outs]
+    return [(tuple(o.shape), tuple(o.stride()), dtype_name(o.dtype)) if isinstance(o, torch.Tensor) else None
+            for o in outs]
+
+
+@contextlib.contextmanager
+def meta_layout_cache(cache_dir: Path | str):
+    """Keep :func:`meta_layouts`' answers in ``<cache_dir>/ascendc/meta_layouts/<torch>.json``
+    across builds: some meta kernels (torch's reference implementations, e.g. of ``mean``) import
+    ``torch._dynamo`` on their first call, about 1.4 s that a warm rebuild would spend on it."""
+    path = Path(cache_dir) / "ascendc" / "meta_layouts" / \
+        f"{stable_hash(torch.__version__, torch.version.git_version)[:16]}.json"
+    try:
+        stored = json.loads(path.read_text())
+        for key, outs in stored.items():
+            _META_MEMO.setdefault(key, None if outs is None else
+                                  [None if o is None else (tuple(o[0]), tuple(o[1]), o[2]) for o in outs])
+    except FileNotFoundError:
+        stored = {}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        log.warning("meta layout cache %s is unusable (%s); computing layouts again", path, exc)
+        stored = {}
+    try:
+        yield
+    finally:
+        if set(_META_MEMO) - set(stored):
+            atomic_write_text(path, json.dumps(_META_MEMO))
 
 
 # ----------------------------------------------------------------------------- constants

@@ -150,6 +150,7 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     from .backend import get_backend
     from .fold import fold_constants
     from .fuse import fuse
+    from .graph_aten import meta_layout_cache
     from .kernels import prepare_kernels, total_candidates
     from .progress import Progress
     from .tune import inline_kernels
@@ -165,7 +166,9 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
         captured = Captured(folded.model, folded.weights)
     choices, counts = {}, (0, 0)
     if tactics and backend.name == "cpu":  # tactics are CPU kernels; on npu heavy steps stay ATen (torch_npu)
-        captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol, before_tuning)
+        with meta_layout_cache(config.cache_dir):
+            captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol,
+                                                 before_tuning)
     with progress.stage("fuse"):
         fused = fuse(captured.model)
         # kernels the backend cannot generate run as their ATen steps (never a wrong kernel)

@@ -24,7 +24,7 @@ import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides, is_dense
 
-from .graph_aten import RenderError
+from .graph_aten import RenderError, meta_layout_cache
 from .graph_compile import (GRAPH_CACHE_SUBDIR, GraphLibrary, compile_graph, graph_cache_key, graph_flags,
                             prepare_graph_runtime, start_graph_runtime)
 from .graph_emit import GRAPH_ABI_VERSION, GraphSource, render_source
@@ -80,7 +80,8 @@ def render_graph_cached(model: ModelProgram, kernels: dict[str, KernelRef], weig
         pass
     except (OSError, ValueError, TypeError) as exc:
         log.warning("graph render cache entry %s is unusable (%s); rendering again", path, exc)
-    src = render_graph(model, kernels, weight_layouts)
+    with meta_layout_cache(cache_dir):
+        src = render_graph(model, kernels, weight_layouts)
     atomic_write_text(path, json.dumps(dataclasses.asdict(src)))
     return src
 

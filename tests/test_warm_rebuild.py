@@ -127,3 +127,56 @@ def test_a_bad_gemm_proposal_is_proposed_again(tmp_path, bad):
     stored.write_text(bad)
     again = gemm_mod.plan(spec, config)
     assert [c.candidate for c in again.candidates] == [c.candidate for c in first.candidates]
+
+
+class ConvMean(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+
+
+def test_meta_layouts_are_kept_across_builds(tmp_path, monkeypatch, caplog):
+    import ascendc_pack.graph_aten as ga
+
+    torch.manual_seed(0)
+    model, x = ConvMean().eval(), (torch.randn(1, 3, 12, 12),)
+    monkeypatch.setattr(ga, "_META_MEMO", {})
+    calls = []
+    real = ga._meta_outputs
+    monkeypatch.setattr(ga, "_meta_outputs", lambda *a: calls.append(a) or real(*a))
+    _build(model, x, tmp_path, "cold")
+    (stored,) = (tmp_path / "cache" / "ascendc" / "meta_layouts").iterdir()
+    assert calls and len(json.loads(stored.read_text())) >= len(calls)
+    # a new process: an empty memo, filled from the file; no meta kernel runs again
+    monkeypatch.setattr(ga, "_META_MEMO", {})
+    monkeypatch.setattr(ga, "_meta_outputs", _refuse)
+    assert all(c.ok for c in _build(model, x, tmp_path, "warm").verification)
+    # an unusable file: a warning, the layouts computed again, the file rewritten
+    monkeypatch.setattr(ga, "_META_MEMO", {})
+    monkeypatch.setattr(ga, "_meta_outputs", real)
+    stored.write_text("[1, 2")
+    with caplog.at_level(logging.WARNING, logger="ascendc_pack"):
+        assert all(c.ok for c in _build(model, x, tmp_path, "again").verification)
+    assert "meta layout cache" in caplog.text and json.loads(stored.read_text())
+
+
+def test_eager_reference_runs_torch_cond_as_plain_python_and_restores_it():
+    from ascendc_pack.check import check_against_eager, plain_cond
+
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    sets = [(torch.rand(4, 16) + 0.1,), (-torch.rand(4, 16) - 0.1,)]
+    expected = [model(*s) for s in sets]   # torch's own cond
+    original = torch.cond
+    checks = check_against_eager(model, sets, lambda x: expected[0] if x.mean() > 0 else expected[1])
+    assert all(c.ok for c in checks) and torch.cond is original
+    with pytest.raises(ZeroDivisionError), plain_cond():
+        assert torch.cond is not original
+        1 / 0
+    assert torch.cond is original
+    wrong = check_against_eager(model, sets, lambda x: expected[1])   # the other branch's result
+    assert not wrong[0].ok and wrong[1].ok
