@@ -24,7 +24,7 @@ import torch
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from .fusion_ir import Analysis, Internal, Load, Operand
-from .lower import build_spec
+from .lower import build_spec, output_layout
 from .ops import ATEN_POINTWISE, ATEN_REDUCTIONS, SUPPORTED_DTYPES, VIEW_OPS, reduce_dims, reduce_keepdim
 from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Step
 
@@ -187,7 +187,7 @@ class Fuser:
     def __init__(self, program: Program, fused_values: set[str]):
         self.g = Graph(program)
         self.values = program.values
-        self.fused_values = fused_values  # values produced by fused kernels (contiguous)
+        self.fused_values = fused_values  # values produced by fused kernels (lower.output_layout)
         self.fusible = [is_fusible(s, self.values) for s in self.g.steps]
         for i, ok in enumerate(self.fusible):
             if ok:
@@ -199,8 +199,10 @@ class Fuser:
     # operands ---------------------------------------------------------------------------------
     def _layout(self, name) -> tuple[tuple, tuple, int]:
         spec = self.values[name]
-        if name in self.fused_values or spec.stride is None:
+        if spec.stride is None:
             return tuple(spec.shape), tuple(contiguous_strides(spec.shape)), 0
+        if name in self.fused_values:
+            return tuple(spec.shape), output_layout(spec), 0
         return tuple(spec.shape), tuple(spec.stride), 0
 
     def resolve(self, name: str, members: set[int], views: list[int]) -> Operand:
@@ -234,6 +236,7 @@ class Fuser:
         reduce_items: list[set] = []
         kept_items: list = []
         value_dims: dict[str, list] = {}
+        value_orders: list[list] = []
 
         def item_of(op, dim):
             if isinstance(op, Internal):
@@ -325,14 +328,15 @@ class Fuser:
             if len(set(present)) != len(present):
                 raise NotFusible("two dims of one value on one axis")
             value_dims[out] = dims
-        # ordering of axes: follow the dims of the largest value, reduce axes last
+            value_orders.append(_memory_order(dims, output_layout(self.values[out])))
+        # ordering of axes: follow the memory order of the largest value, reduce axes last
         load_orders = []
         for op in operands.values():
             if isinstance(op, Load):
                 dims = [(op.strides[d], axis_of[("l", op.layout_key, d)])
                         for d in range(len(op.shape)) if ("l", op.layout_key, d) in axis_of]
                 load_orders.append([a for _, a in sorted(dims, key=lambda sa: -sa[0])])
-        order = _axis_order(value_dims, sizes, raxes, load_orders)
+        order = _axis_order(value_orders, sizes, raxes, load_orders)
         remap = {a: k for k, a in enumerate(order)}
         sizes = [sizes[a] for a in order]
         raxes = {remap[a] for a in raxes}
@@ -471,10 +475,15 @@ class Fuser:
         return bool(ins(a) & ins(b))
 
 
-def _axis_order(value_dims, sizes, raxes, load_orders=()) -> list[int]:
-    """Axes in the dim order of the value spanning the most axes (a load's memory order when a
-    load spans more, e.g. under a full reduction); kept axes first."""
-    seqs = [[a for a in dims if a is not None] for dims in value_dims.values()]
+def _memory_order(dims: list, layout) -> list:
+    """A value's axes (``dims[d]``: the axis of dim d, None for none) outermost first in its layout."""
+    return [a for _, _, a in sorted((-st, d, a) for d, (a, st) in enumerate(zip(dims, layout)))]
+
+
+def _axis_order(value_orders, sizes, raxes, load_orders=()) -> list[int]:
+    """Axes in the memory order of the value spanning the most axes (a load's memory order when
+    a load spans more, e.g. under a full reduction); kept axes first."""
+    seqs = [[a for a in dims if a is not None] for dims in value_orders]
     best = max(seqs, key=len, default=[])
     for seq in load_orders:
         if len(seq) > len(best):

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import ClassVar, Union
 
+from ascendc_pack_runtime.tensor_meta import contiguous_strides
+
 SPEC_VERSION = 2  # 2: no value names (kernels are shared by every step computing the same)
 
 
@@ -190,15 +192,26 @@ class KernelInput:
 
 @dataclass(frozen=True)
 class KernelOutput:
-    """One kernel output: node ``node`` stored contiguously in ``shape`` (per-axis ``strides``)."""
+    """One kernel output: node ``node`` stored in ``shape`` (per-axis ``strides``); ``stride``: the
+    output tensor's per-dim strides, a dense layout (None: contiguous), which whoever allocates
+    the output must use (:attr:`layout`)."""
 
     dtype: str
     shape: tuple[int, ...]
     node: int
     strides: tuple[int, ...]
+    stride: tuple[int, ...] | None = None
+
+    @property
+    def layout(self) -> tuple[int, ...]:
+        """Per-dim strides of the output tensor."""
+        return self.stride if self.stride is not None else contiguous_strides(self.shape)
 
     def to_json(self) -> dict:
-        return {"dtype": self.dtype, "shape": list(self.shape), "node": self.node, "strides": list(self.strides)}
+        d = {"dtype": self.dtype, "shape": list(self.shape), "node": self.node, "strides": list(self.strides)}
+        if self.stride is not None:
+            d["stride"] = list(self.stride)
+        return d
 
 
 @dataclass(frozen=True)
@@ -260,7 +273,8 @@ class KernelSpec:
                 axes=_ints(d["axes"]), reduce_axes=_ints(d["reduce_axes"]),
                 inputs=tuple(KernelInput(str(i["dtype"]), _ints(i["shape"]), _ints(i["stride"]))
                              for i in d["inputs"]),
-                outputs=tuple(KernelOutput(str(o["dtype"]), _ints(o["shape"]), _int(o["node"]), _ints(o["strides"]))
+                outputs=tuple(KernelOutput(str(o["dtype"]), _ints(o["shape"]), _int(o["node"]), _ints(o["strides"]),
+                                           _ints(o["stride"]) if "stride" in o else None)
                               for o in d["outputs"]),
                 nodes=tuple(_node_from_json(n) for n in d["nodes"]))
         except (KeyError, TypeError, ValueError) as e:

@@ -43,7 +43,7 @@ MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/gemm.cpp.j2"
 DTYPES = {"float32": ("float", torch.float32), "bfloat16": ("uint16_t", torch.bfloat16),
           "float16": ("uint16_t", torch.float16)}
-EPILOGUE_OPS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "add")
+EPILOGUE_OPS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid", "add")
 """Pointwise steps a GEMM can fuse, applied in order after the bias; ``add`` adds the next
 residual input (a tensor broadcastable to [batch, M, N], strides in the spec)."""
 
@@ -54,6 +54,8 @@ _EPILOGUE_C = {
     "gelu_tanh": "v = 0.5f * v * (1.0f + ap_tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));",
     "silu": "v = v / (1.0f + ap_exp(-v));",
     "sigmoid": "v = ap_sigmoid(v);",
+    "hardswish": "v = v * (v + 3.0f < 0.0f ? 0.0f : (v + 3.0f > 6.0f ? 6.0f : v + 3.0f)) / 6.0f;",
+    "hardsigmoid": "v = (v + 3.0f < 0.0f ? 0.0f : (v + 3.0f > 6.0f ? 6.0f : v + 3.0f)) / 6.0f;",
 }
 _CONVERT = {  # dtype -> (to float, from float, round to the dtype)
     "float32": ("x", "v", "v"),
@@ -304,7 +306,8 @@ def workspace_bytes(spec: GemmSpec, t: GemmTiling) -> int:
     return total + 64 if total else 0
 
 
-_EPI_CYCLES = {"relu": 1, "gelu": 12, "gelu_tanh": 12, "silu": 10, "sigmoid": 10, "add": 1}
+_EPI_CYCLES = {"relu": 1, "gelu": 12, "gelu_tanh": 12, "silu": 10, "sigmoid": 10, "hardswish": 3, "hardsigmoid": 2,
+               "add": 1}
 # Fraction of FMA peak a register block reaches in its k loop, by vectors per row, for blocks of
 # up to 4 rows and of 6 or more (measured single-threaded, 128x256x256, on the AVX-512 host this
 # was written on: few rows re-stream the B panel and broadcast more per FMA)

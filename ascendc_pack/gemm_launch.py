@@ -137,7 +137,8 @@ def eager_reference(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, bias=None,
         elif op == "gelu_tanh":
             y = F.gelu(y, approximate="tanh")
         else:
-            y = {"relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid}[op](y)
+            y = {"relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid, "hardswish": F.hardswish,
+                 "hardsigmoid": F.hardsigmoid}[op](y)
     return y
 
 

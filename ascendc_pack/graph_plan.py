@@ -31,11 +31,11 @@ from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, 
 
 
 def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
-    """The fused kernel's inputs as ``(shape, stride, dtype)`` and outputs as ``(shape, dtype)``:
-    the only place the planner reads the kernel spec."""
+    """The fused kernel's inputs and outputs as ``(shape, stride, dtype)``: the only place the
+    planner reads the kernel spec."""
     spec = step.kernel
     ins = [(tuple(i.shape), tuple(i.stride), i.dtype) for i in spec.inputs]
-    outs = [(tuple(o.shape), o.dtype) for o in spec.outputs]
+    outs = [(tuple(o.shape), tuple(o.layout), o.dtype) for o in spec.outputs]
     return ins, outs
 
 
@@ -194,8 +194,8 @@ class _Planner:
         ins = [self.kernel_input(step.name, name, env[name], spec, actions)
                for name, spec in zip(step.inputs, in_specs)]
         outs = []
-        for name, (shape, dtype) in zip(step.outputs, out_specs):
-            b = self.new_buf(f"{scope}{name}", shape, contiguous_strides(shape), dtype)
+        for name, (shape, stride, dtype) in zip(step.outputs, out_specs):
+            b = self.new_buf(f"{scope}{name}", shape, stride, dtype)
             outs.append(b)
             env[name] = self.buf_val(b, f"{scope}{name}")
         ws = None
@@ -221,11 +221,15 @@ class _Planner:
             self.counts["relayout"] += 1
             return self.buf_val(b, b.label)
         if v.uncertain:
-            checked = self.new_val(f"{name} (checked)", shape, stride, v.dtype, ValKind.VIEW, deps=(v,),
-                                   roots=v.roots)
-            actions.append(CheckAction(v, checked, shape, stride))
-            return checked
+            return self.checked(v, f"{name} (checked)", shape, stride, actions)
         return v
+
+    def checked(self, v: Val, label: str, shape: tuple, stride: tuple, actions: list) -> Val:
+        """``v``, whose layout was only predicted, as ``stride``: checked at run time (a
+        relayouted copy when the prediction was wrong)."""
+        out = self.new_val(label, shape, stride, v.dtype, ValKind.VIEW, deps=(v,), roots=v.roots)
+        actions.append(CheckAction(v, out, shape, stride))
+        return out
 
     # tactic steps (ascendc_pack/graph_tactic.py) ------------------------------------------
     def tactic(self, step: TacticStep, env: dict, program: Program, scope: str) -> list:
@@ -257,7 +261,10 @@ class _Planner:
                           list_return=ga.returns_list(schema))
 
     # ATen steps ---------------------------------------------------------------------------
-    def aten(self, step: AtenStep, env: dict, program: Program, scope: str) -> AtenAction:
+    def aten(self, step: AtenStep, env: dict, program: Program, scope: str, recorded: dict | None = None) -> AtenAction:
+        """One ATen step. ``recorded``: layouts a tactic's calls had on the real inputs, which win
+        over the meta kernels' prediction (ATen's meta convolution says NCHW where the CPU kernel
+        returns channels_last); a functional result's layout is checked before a kernel reads it."""
         schema = ga.op_schema(step.op)
         bound = ga.bind(schema, step)
         in_vals = tuple(env[n] for n in step.input_names())
@@ -271,6 +278,9 @@ class _Planner:
             specs = [program.values.get(n) for n in step.outputs]
             metas = [(m.shape, m.stride or contiguous_strides(m.shape), m.dtype) if m is not None else None
                      for m in specs]
+        if recorded and not ga.is_view(schema) and not ga.mutates(schema):
+            metas = [(r.shape, r.stride, r.dtype) if (r := recorded.get(n)) is not None and r.stride else m
+                     for n, m in zip(step.outputs, metas)]
 
         mutates = ga.mutates(schema)
         if ga.is_view(schema) or mutates:

@@ -117,7 +117,7 @@ def plan_tactic(planner, step: TacticStep, env: dict, program, scope: str) -> li
     view = _Values({**program.values, **tp.values})
     actions = [a for src, shape, dst in tp.reshape_in for a in reshape(planner, env, view, src, shape, dst, scope)]
     actions += [planner.aten_load(s, env, view, scope) for s in tp.load]
-    actions += [planner.aten(s, env, view, scope) for s in tp.calls]
+    actions += [planner.aten(s, env, view, scope, recorded=tp.values) for s in tp.calls]
     if tp.reshape_out:
         actions += reshape(planner, env, view, tp.reshape_out[0], tp.reshape_out[1], step.outputs[0], scope)
     return actions
@@ -129,10 +129,13 @@ def reshape(planner, env: dict, view, src: str, shape: tuple, dst: str, scope: s
     a planned buffer is made once at load; a copy must run on every call)."""
     v = env[src]
     acts = []
-    if v.uncertain or not _viewable(v.shape, v.stride, shape):
+    if not _viewable(v.shape, v.stride, shape):
         acts.append(planner.aten(AtenStep("aten.clone.default", [Ref(src)], {"memory_format": torch.contiguous_format},
                                           [f"{dst}#contiguous"]), env, view, scope))
         src = f"{dst}#contiguous"
+    elif v.uncertain:  # a predicted layout that allows the view: checked per call (copied if wrong)
+        env[f"{dst}#checked"] = planner.checked(v, f"{scope}{dst}#checked", v.shape, v.stride, acts)
+        src = f"{dst}#checked"
     acts.append(planner.aten(AtenStep("aten.view.default", [Ref(src), list(shape)], {}, [dst]), env, view, scope))
     return acts
 
@@ -147,7 +150,9 @@ def _viewable(shape, stride, new_shape) -> bool:
 
 def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list:
     """A lowered GEMM step: its generated kernel launched like a fused kernel, B packed once at
-    load by the library's ``ap_gemm_pack_b`` when the candidate reads it packed."""
+    load by the library's ``ap_gemm_pack_b`` when the candidate reads it packed. A 1x1
+    convolution's operands are read as NHWC rows (views of channels_last tensors, else one copy)
+    and its output is a channels_last view of C."""
     g, out = step.chosen, step.outputs[0]
     spec, name = g["gemm"], g["kernel"]
     m, n, k, dt = spec["m"], spec["n"], spec["k"], spec["dtype"]
@@ -157,17 +162,23 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     if name not in planner.kernel_order:
         planner.kernel_order.append(name)
     index, actions, view = planner.kernel_order.index(name), [], _Values(program.values)
+    conv = g.get("conv")  # a 1x1 convolution: its [N, C, H, W] operands are read as NHWC rows
 
     def operand(t: str, shape: tuple) -> Val:
-        v = env[step.bind[t]]
-        if v.shape != shape:
-            actions.extend(reshape(planner, env, view, step.bind[t], shape, f"{out}#{t}", scope))
-            v = env[f"{out}#{t}"]
-        return planner.kernel_input(name, t, v, (shape, contiguous_strides(shape), dt), actions)
+        src = step.bind[t]
+        if conv:
+            nhwc = f"{out}#{t}_nhwc"
+            actions.append(planner.aten(AtenStep("aten.permute.default", [Ref(src), [0, 2, 3, 1]], {}, [nhwc]),
+                                        env, view, scope))
+            src = nhwc
+        if env[src].shape != shape:
+            actions.extend(reshape(planner, env, view, src, shape, f"{out}#{t}", scope))
+            src = f"{out}#{t}"
+        return planner.kernel_input(name, t, env[src], (shape, contiguous_strides(shape), dt), actions)
 
     ins = [operand("x", (m, k))]
     w = env[step.bind["weight"]]
-    held = (0, w.stride[1], w.stride[0]) if step.desc["weight_layout"] == "nk" else (0, *w.stride)
+    held = (0, w.stride[1], w.stride[0]) if step.desc.get("weight_layout", "nk") == "nk" else (0, *w.stride)
     if w.kind is not ValKind.WEIGHT or held != tuple(spec["b_strides"]):
         raise RenderError(f"GEMM {name}: B is not the weight it was generated for ({held} != {spec['b_strides']})")
     if g["b_packed"]:
@@ -190,7 +201,13 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     shape = tuple(program.values[out].shape)
     target = out if shape == (m, n) else f"{out}#c"
     env[target] = planner.buf_val(c, f"{scope}{out}")
-    if target != out:
+    if conv:  # C is the channels_last output's rows: view them as [N, H, W, O], permute to NCHW
+        nb, _, h, w_ = conv["x_shape"]
+        actions.append(planner.aten(AtenStep("aten.view.default", [Ref(target), [nb, h, w_, n]], {},
+                                             [f"{out}#nhwc"]), env, view, scope))
+        actions.append(planner.aten(AtenStep("aten.permute.default", [Ref(f"{out}#nhwc"), [0, 3, 1, 2]], {},
+                                             [out]), env, view, scope))
+    elif target != out:
         actions.extend(reshape(planner, env, view, target, shape, out, scope))
     return actions
 

@@ -110,11 +110,11 @@ class FusedKernel:
     def __init__(self, spec: KernelSpec, library: KernelLibrary):
         self.spec = spec
         self.lib = library
-        self.out_specs = [(tuple(o.shape), DTYPES[o.dtype]) for o in spec.outputs]
+        self.out_specs = [(tuple(o.shape), DTYPES[o.dtype], tuple(o.layout)) for o in spec.outputs]
         self._workspace = torch.empty(library.workspace, dtype=torch.uint8) if library.workspace else None
 
     def allocate_outputs(self) -> list[torch.Tensor]:
-        return [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_specs]
+        return [torch.empty_strided(shape, stride, dtype=dtype) for shape, dtype, stride in self.out_specs]
 
     def prepare_inputs(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Inputs in the layout the kernel expects (a copy only when strides differ)."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from ascendc_pack_runtime.tensor_meta import contiguous_strides
+from ascendc_pack_runtime.tensor_meta import contiguous_strides, is_dense, same_layout
 
 from .fusion_ir import (Analysis, ConstNode, Internal, KernelInput, KernelOutput, KernelSpec, Load, LoadNode, Node,
                         OpNode, ReduceNode)
@@ -140,6 +140,17 @@ class _Builder:
         return self.add(ReduceNode(self.next_id, kind, (src,), dtype, count))
 
 
+def output_layout(spec) -> tuple[int, ...]:
+    """The strides a fused kernel stores value ``spec`` with: the value's own layout when it is
+    dense (a permutation of a contiguous layout, e.g. channels_last after a channels_last
+    convolution: what eager returns), else contiguous. The kernel then writes memory in order and
+    its consumers read the layout eager would give them (docs/DESIGN.md §2.3)."""
+    shape = tuple(spec.shape)
+    if spec.stride is not None and is_dense(shape, spec.stride):
+        return tuple(spec.stride)
+    return contiguous_strides(shape)
+
+
 def build_spec(an: Analysis, member_steps: list[AtenStep], inputs: list[str], values,
                layouts: dict) -> KernelSpec:
     """The (unnamed) spec of a fused kernel from its analysis (see :class:`fuse.Fuser`).
@@ -151,13 +162,14 @@ def build_spec(an: Analysis, member_steps: list[AtenStep], inputs: list[str], va
         b.step(i, step)
     outputs = []
     for name in an.outputs:
-        shape = values[name].shape
-        contiguous = list(contiguous_strides(shape))
+        shape = tuple(values[name].shape)
+        layout = output_layout(values[name])
         strides = [0] * b.n_axes
         for d, axis in enumerate(an.value_axes[name]):
             if axis is not None:
-                strides[axis] = contiguous[d]
-        outputs.append(KernelOutput(values[name].dtype, tuple(shape), b.node_of_value[name], tuple(strides)))
+                strides[axis] = layout[d]
+        stride = None if same_layout(shape, layout, shape, contiguous_strides(shape)) else layout
+        outputs.append(KernelOutput(values[name].dtype, shape, b.node_of_value[name], tuple(strides), stride))
     return merge_axes(KernelSpec(
         axes=tuple(an.axis_sizes), reduce_axes=tuple(sorted(an.reduce_axes)),
         inputs=tuple(KernelInput(values[n].dtype, tuple(values[n].shape), tuple(layouts[n])) for n in inputs),

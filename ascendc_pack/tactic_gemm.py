@@ -10,10 +10,19 @@ kernel sandbox on the step's real arguments (a generated kernel could crash or h
 must survive it) and timed with the other candidates. A chosen GEMM runs in graph.cpp as a kernel
 launch, its B packed at load by the library's ``ap_gemm_pack_b``, and its library is a bundle
 member like every kernel (listed in ``manifest.kernels``, re-hashed before ``dlopen``).
+
+A 1x1 convolution (stride 1, no padding, one group) is the same GEMM on channels_last rows
+(:class:`ConvGemmTactic`): A = ``x`` as [N*H*W, C] rows (a view of a channels_last ``x``, a copy
+of an NCHW one), B = the weight as [O, C] with an eval BatchNorm folded in at build, C = the
+output's [N*H*W, O] rows, which *is* the channels_last [N, O, H, W] output (a view). It is a
+candidate of the chain's channels_last configuration (``out_layout`` channels_last), with at most
+:data:`CONV_TILINGS` tilings: a network has dozens of 1x1 convolutions, and every tiling is a
+compile in the cold build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -31,6 +40,10 @@ from .verify import Arena, launch_checked
 log = logging.getLogger("ascendc_pack")
 
 UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+CONV_UNARY = UNARY + ("hardswish", "hardsigmoid")
+CONV_TILINGS = 2
+"""Tilings of a 1x1 convolution's GEMM (the cost model's first ones): mobilenet_v3_small has 34
+1x1 convolutions; their cost-model pick is within a few % of the PGO winner."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +81,93 @@ class GemmTactic:
         the build cache (for the Python-mode run; the bundle names its own member)."""
         return {**self.to_json(), "kernel": self.spec.name, "so_path": self.so_path}
 
+    def gemm_weights(self, named: dict) -> dict:
+        """The weights the kernel reads (``weight``, ``bias``), from the step's weights."""
+        return {n: named[n] for n in ("weight", "bias") if n in named}
+
+    def rows(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        """An activation (or the step's output) as the kernel's row-major [m, n] operand."""
+        return t.reshape(self.spec.m, n).contiguous()
+
+    def result(self, c: torch.Tensor) -> torch.Tensor:
+        """The kernel's C as the step's output."""
+        return c
+
+
+@dataclass(frozen=True)
+class ConvGemmTactic(GemmTactic):
+    """A 1x1 convolution's generated GEMM on channels_last rows (see the module docstring)."""
+
+    x_shape: tuple = ()
+    affine: bool = False
+
+    kind = "conv"
+
+    def param(self, key: str, default=None):
+        return {"layout": "channels_last", "out_layout": "channels_last"}.get(key, default)
+
+    @property
+    def out_shape(self) -> tuple:
+        n, _, h, w = self.x_shape
+        return (n, self.spec.n, h, w)
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "kind": "conv", "conv": {"x_shape": list(self.x_shape), "affine": self.affine}}
+
+    def gemm_weights(self, named: dict) -> dict:
+        return conv_gemm_weights(self.spec, self.affine, named)
+
+    def rows(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        return nchw_rows(t, n)
+
+    def result(self, c: torch.Tensor) -> torch.Tensor:
+        return rows_nchw(c, self.out_shape)
+
+
+def nchw_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """[N, C, H, W] as row-major [N*H*W, C] rows: a view of a channels_last tensor, else a copy."""
+    return t.permute(0, 2, 3, 1).reshape(-1, n).contiguous()
+
+
+def rows_nchw(c: torch.Tensor, out_shape) -> torch.Tensor:
+    """[N*H*W, O] rows as the channels_last [N, O, H, W] tensor they are (a view)."""
+    n, o, h, w = out_shape
+    return c.view(n, h, w, o).permute(0, 3, 1, 2)
+
+
+def conv_gemm_weights(spec: GemmSpec, affine: bool, named: dict) -> dict:
+    """A 1x1 convolution's weight as [O, C] and its bias, with the BatchNorm affine folded in
+    (``weight * scale``, ``bias * scale + shift``, as the dispatcher tactics fold it)."""
+    w = named["weight"].reshape(spec.n, spec.k)
+    b = named.get("bias")
+    if affine:
+        scale, shift = named["scale"].reshape(-1), named["shift"].reshape(-1)
+        w = w * scale.view(-1, 1)
+        b = shift.clone() if b is None else b * scale + shift
+    out = {"weight": w.contiguous()}
+    if b is not None:
+        out["bias"] = b.contiguous()
+    return out
+
+
+def conv_gemm_spec(step: TacticStep) -> GemmSpec | None:
+    """The GEMM a float32 1x1 convolution step is (stride 1, no padding, one group), or None."""
+    d, epi = step.desc, step.desc["epilogue"]
+    if tuple(d["kernel"]) != (1, 1) or tuple(d["stride"]) != (1, 1) or tuple(d["padding"]) != (0, 0) \
+            or d["groups"] != 1 or d["dtype"] != "float32" or epi["binary"] not in (None, "add") \
+            or epi["unary"] not in (None, *CONV_UNARY):
+        return None
+    n, c, h, w = d["x_shape"]
+    epilogue = (("add",) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    return GemmSpec(f"gemm_{step.name}", n * h * w, d["out_channels"], c, 1, "float32", None, (0, 1, c), True,
+                    bool(d["bias"] or epi["affine"]), epilogue)
+
 
 def gemm_spec(step: TacticStep, values: dict) -> GemmSpec | None:
-    """The GEMM a linear step is, or None when the template cannot fuse its epilogue."""
+    """The GEMM a linear (or 1x1 convolution) step is, or None when the template cannot take it
+    (a shape, dtype or epilogue it does not fuse)."""
+    if step.tactic_kind == "conv":
+        return conv_gemm_spec(step)
     d, epi = step.desc, step.desc["epilogue"]
     if d["dtype"] not in DTYPES or epi["affine"] or epi["binary"] not in (None, "add") \
             or epi["unary"] not in (None, *UNARY):
@@ -84,33 +181,50 @@ def gemm_spec(step: TacticStep, values: dict) -> GemmSpec | None:
                     epilogue)
 
 
-def plan_gemms(steps: list[TacticStep], values_of: dict, config) -> dict:
-    """The GEMM of each linear step the template can take (by step name; ``values_of[name]``:
-    the specs of its program's values), with its ``config.topn`` candidates rendered."""
+@dataclass(frozen=True)
+class GemmPlan:
+    """A step's GEMM, its rendered candidates, and (1x1 convolutions) the step's geometry."""
+
+    build: object  # gemm.GemmBuild
+    conv: dict | None = None  # {"x_shape", "affine"} of a 1x1 convolution
+
+
+def plan_gemms(steps: list[TacticStep], values_of: dict, config) -> dict[str, GemmPlan]:
+    """The GEMM of each linear or 1x1 convolution step the template can take (by step name;
+    ``values_of[name]``: the specs of its program's values), with its ``config.topn``
+    candidates rendered (:data:`CONV_TILINGS` at most for a convolution)."""
     out = {}
     target = None
     for s in steps:
         spec = gemm_spec(s, values_of[s.name])
-        if spec is not None:
-            target = target or GemmTarget.detect(config.effective_cores, config.march)
-            out[s.name] = plan(spec, config, target)
+        if spec is None:
+            continue
+        target = target or GemmTarget.detect(config.effective_cores, config.march)
+        conv = None
+        cfg = config
+        if s.tactic_kind == "conv":
+            conv = {"x_shape": tuple(s.desc["x_shape"]), "affine": bool(s.desc["epilogue"]["affine"])}
+            cfg = dataclasses.replace(config, topn=min(config.topn, CONV_TILINGS))
+        out[s.name] = GemmPlan(plan(spec, cfg, target), conv)
     return out
 
 
-def compile_gemm_plans(plans: dict, config, progress=None) -> dict[str, list[GemmTactic]]:
+def compile_gemm_plans(plans: dict[str, GemmPlan], config, progress=None) -> dict[str, list[GemmTactic]]:
     """Compile every planned GEMM (one ``compile_kernels`` call, cached like fused kernels);
     the candidates that compiled, as tactics, by step name, in the cost model's order."""
     if not plans:
         return {}
     out: dict[str, list[GemmTactic]] = {}
-    for (name, b), ck in zip(plans.items(), compile_kernels([b.build for b in plans.values()], config, progress)):
-        cands = []
+    builds = [p.build.build for p in plans.values()]
+    for (name, p), ck in zip(plans.items(), compile_kernels(builds, config, progress)):
+        b, cands = p.build, []
         for rank, (gc, cc) in enumerate(zip(b.candidates, ck.candidates)):
             if not cc.ok:
                 log.info("GEMM %s candidate #%d did not compile", b.spec.name, rank)
                 continue
             k = GemmKernel(b.spec, cc.so_path, cc.candidate.kernel_key)
-            cands.append(GemmTactic(b.spec, cc.candidate, str(cc.so_path), k.b_packed, k.packed_b_bytes, rank))
+            args = (b.spec, cc.candidate, str(cc.so_path), k.b_packed, k.packed_b_bytes, rank)
+            cands.append(ConvGemmTactic(*args, **p.conv) if p.conv else GemmTactic(*args))
         out[name] = cands
     return out
 
@@ -121,13 +235,18 @@ class GemmRunner:
     def __init__(self, gt: GemmTactic, named: dict):
         self.gt = gt
         self.kernel = GemmKernel(gt.spec, gt.so_path, gt.key)
-        self.a = named["x"].contiguous()
-        self.b = self.kernel.prepare_b(named["weight"])
-        self.bias = named.get("bias")
-        self.residuals = [named["other"].contiguous()] if "other" in named else []
+        self.x, self.other = named["x"], named.get("other")
+        weights = gt.gemm_weights(named)
+        self.b = self.kernel.prepare_b(weights["weight"])
+        self.bias = weights.get("bias")
+        self.a = gt.rows(self.x, gt.spec.k)
+        self.residuals = [gt.rows(self.other, gt.spec.n)] if self.other is not None else []
 
     def __call__(self) -> torch.Tensor:
-        return self.kernel(self.a, self.b, self.bias, self.residuals)
+        # the operands' rows per call: a copy when they arrive in the other layout is part of the cost
+        gt = self.gt
+        res = [gt.rows(self.other, gt.spec.n)] if self.other is not None else []
+        return gt.result(self.kernel(gt.rows(self.x, gt.spec.k), self.b, self.bias, res))
 
     def verify(self, expected: torch.Tensor, ref64, sandbox, timeout_s: float) -> dict | None:
         """Run the candidate once in the kernel sandbox; None if its output matches the
@@ -143,27 +262,40 @@ class GemmRunner:
             got = arena.outputs[0].clone()
         finally:
             arena.close()
-        want = expected.reshape(got.shape)
-        check = check_tensor("output", want, got, ref64.reshape(got.shape) if ref64 is not None else None)
+        n = spec.n
+        want = self.gt.rows(expected, n)
+        check = check_tensor("output", want, got, self.gt.rows(ref64, n) if ref64 is not None else None)
         if not check.ok:
             return {**_verdict("wrong result", check.problem), "max_error": check.max_error, "allowed": check.allowed}
         return None
 
     def values(self) -> dict[str, TensorSpec]:
         spec = self.gt.spec
-        return {"x": TensorSpec.of(self.a), "out": TensorSpec((spec.m, spec.n), spec.dtype, (spec.n, 1))}
+        out = self.gt.result(torch.empty((spec.m, spec.n), dtype=DTYPES[spec.dtype][1], device="meta"))
+        return {"x": TensorSpec.of(self.x), "out": TensorSpec.of(out)}
+
+
+def lowered_tactic(chosen: dict) -> GemmTactic:
+    """The GEMM tactic a lowered step's ``chosen`` records (its library in the build cache)."""
+    spec = GemmSpec.from_json(chosen["gemm"])
+    cand = Candidate(chosen["tiling_repr"], chosen["workspace"], chosen["block_dim"])
+    args = (spec, cand, chosen["so_path"], chosen["b_packed"], chosen["packed_b_bytes"], 0)
+    if "conv" in chosen:  # its weights were folded at lowering: bound as [O, C] and bias
+        return ConvGemmTactic(*args, x_shape=tuple(chosen["conv"]["x_shape"]), affine=False)
+    return GemmTactic(*args)
 
 
 def lowered_gemm_runner(chosen: dict, named: dict):
     """Python mode of a lowered GEMM step (``TacticStep.chosen``): B packed once from ``named``'s
-    weight; returns ``run(named) -> C``."""
-    spec = GemmSpec.from_json(chosen["gemm"])
-    kernel = GemmKernel(spec, chosen["so_path"], chosen["kernel_key"])
+    weight; returns ``run(named) -> the step's output``."""
+    gt = lowered_tactic(chosen)
+    kernel = GemmKernel(gt.spec, chosen["so_path"], chosen["kernel_key"])
     b = kernel.prepare_b(named["weight"])
+    n, k = gt.spec.n, gt.spec.k
 
     def run(named: dict) -> torch.Tensor:
-        res = [named["other"].contiguous()] if "other" in named else []
-        return kernel(named["x"].contiguous(), b, named.get("bias"), res)
+        res = [gt.rows(named["other"], n)] if "other" in named else []
+        return gt.result(kernel(gt.rows(named["x"], k), b, named.get("bias"), res))
 
     return run
 
@@ -172,4 +304,6 @@ def _verdict(reason: str, detail: str) -> dict:
     return {"reason": reason, "detail": detail, "output": None, "max_error": None, "allowed": None}
 
 
-__all__ = ["GemmTactic", "GemmRunner", "gemm_spec", "plan_gemms", "compile_gemm_plans", "lowered_gemm_runner"]
+__all__ = ["GemmTactic", "ConvGemmTactic", "GemmRunner", "GemmPlan", "gemm_spec", "conv_gemm_spec", "plan_gemms",
+           "compile_gemm_plans", "lowered_gemm_runner", "lowered_tactic", "nchw_rows", "rows_nchw",
+           "conv_gemm_weights", "CONV_TILINGS"]

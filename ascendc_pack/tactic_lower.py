@@ -30,7 +30,7 @@ from .executor import run_reference_tactic
 from .fold import is_foldable
 from .graph_aten import meta_layouts
 from .program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
-from .tactic_gemm import GemmTactic, lowered_gemm_runner
+from .tactic_gemm import ConvGemmTactic, GemmTactic, lowered_gemm_runner
 from .tactic_pass import Constants, WeightSink, rewrite_cond
 
 
@@ -113,6 +113,13 @@ class _Lowerer:
                 needs.append(name)
             return name
 
+        if isinstance(tactic, ConvGemmTactic):  # weight [O, C] and bias, BatchNorm folded, made now
+            weights = {t: consts.tensor(v) for t, v in s.bind.items() if t in T.WEIGHTS}
+            bind = {n: v for n, v in s.bind.items() if n not in T.WEIGHTS}
+            bind.update({n: stored(n, t) for n, t in tactic.gemm_weights(weights).items()})
+            shapes = {n: v for n, v in s.shapes.items() if n not in T.WEIGHTS}
+            shapes["weight"] = (tactic.spec.n, tactic.spec.k)
+            return dataclasses.replace(s, bind=bind, shapes=shapes, chosen=tactic.lowered(), values=dict(recorded))
         if isinstance(tactic, GemmTactic):  # B (packed at load) and the bias are the weights as bound
             bind = {n: (stored(n, None) if n in T.WEIGHTS else v) for n, v in s.bind.items()}
             return dataclasses.replace(s, bind=bind, chosen=tactic.lowered(), values=dict(recorded))
@@ -283,7 +290,8 @@ class LoweredRunner:
         if "gemm" in step.chosen:
             if ready is None:
                 ready = self._ready[id(step)] = (lowered_gemm_runner(step.chosen, named),)
-            return ready[0](named).reshape(shape)
+            out = ready[0](named)
+            return out if tuple(out.shape) == shape else out.reshape(shape)
         if ready is None:
             tactic = T.Tactic.from_json(step.chosen)
             static = {n: t for n, t in named.items() if n in T.WEIGHTS or n not in tactic.inputs}

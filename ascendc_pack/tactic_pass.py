@@ -45,9 +45,16 @@ from .tactic_match import Match, Matcher
 log = logging.getLogger("ascendc_pack")
 
 CL = "channels_last"
-# ops whose output keeps its input's memory format (a chain continues through them)
+# ops whose output keeps its (first) input's memory format, so a chain continues through them:
+# pooling and the pointwise ops between convolutions (activations, a squeeze-excitation's scaling
+# `x * gate`, residual sums). A pointwise op whose other operand imposes another layout only costs
+# speed: every candidate takes either layout (docs/TACTICS.md)
 LAYOUT_KEEPING = {"aten.max_pool2d_with_indices.default", "aten.max_pool2d.default", "aten.avg_pool2d.default",
-                  "aten.relu.default", "aten.clone.default"}
+                  "aten.clone.default"} | {f"aten.{op}" for op in (
+                      "relu.default", "relu6.default", "hardtanh.default", "clamp.default", "clamp_min.default",
+                      "clamp_max.default", "hardswish.default", "hardsigmoid.default", "sigmoid.default",
+                      "silu.default", "gelu.default", "tanh.default", "add.Tensor", "sub.Tensor", "mul.Tensor",
+                      "div.Tensor", "mul.Scalar", "div.Scalar", "add.Scalar")}
 
 
 @dataclass(frozen=True)

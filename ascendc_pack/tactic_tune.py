@@ -145,7 +145,8 @@ class TacticTuner:
     """Runs a model with TacticSteps on real inputs and tunes every tactic step on its first call.
 
     ``config``: topn (candidates per step, candidate 0 included; a GEMM step also gets up to
-    topn tilings of its generated kernel), cache directory, cores; ``compile_epilogue``: build
+    topn tilings of its generated kernel, a 1x1 convolution up to ``CONV_TILINGS``), cache
+    directory, cores; ``compile_epilogue``: build
     candidate 0's epilogue as a fused kernel for its timing; ``gemm``: offer the generated GEMM
     kernels (tests switch both off to stay fast; then candidate 0 is timed with the epilogue as
     ATen ops). :meth:`close` stops the verification sandbox of the GEMM candidates.
@@ -175,7 +176,7 @@ class TacticTuner:
                  (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear")]
         # the generated GEMM's tilings join the linear steps' candidates; candidate 0's epilogue
         # is timed as a fused kernel: both are compiled by :meth:`compile`, before any run
-        self._gemms = plan_gemms([s for s in tuned if s.tactic_kind == "linear"],
+        self._gemms = plan_gemms([s for s in tuned if s.tactic_kind in ("linear", "conv")],
                                  {s.name: self.programs[id(s)].values for s in tuned}, config) if gemm else {}
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
                            for s in tuned if compile_epilogue} if tuned else {}
@@ -186,7 +187,7 @@ class TacticTuner:
         from .kernels import total_candidates
 
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
-        return sum(len(b.candidates) for b in self._gemms.values()) + \
+        return sum(len(p.build.candidates) for p in self._gemms.values()) + \
             total_candidates(epi, dataclasses.replace(self.config, topn=1))
 
     def compile(self, progress=None) -> None:
@@ -324,7 +325,7 @@ class TacticTuner:
     def _verify_gemm(self, ch, i, tactic, step, named, expected, ref64):
         from .backend import get_backend
 
-        runner = GemmRunner(tactic, named)
+        runner = GemmRunner(tactic, _arrival(tactic, step.desc, named))
         if self._sandbox is None:
             self._sandbox = get_backend(self.config.backend).sandbox()
         verdict = runner.verify(expected, ref64, self._sandbox, self.protocol.verify_timeout_s)
@@ -476,7 +477,8 @@ def _spec(t: torch.Tensor) -> TensorSpec:
 
 
 def _arrival(tactic: T.Tactic, desc: dict, acts: dict) -> dict:
-    """The activations in the layout they arrive in when the chain runs channels_last."""
+    """The activations in the layout they arrive in when the chain runs channels_last (``tactic``:
+    a dispatcher tactic or a generated GEMM's)."""
     if not in_layout_chain(tactic):
         return acts
     acts = dict(acts)

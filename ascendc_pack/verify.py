@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ascendc_pack_runtime.tensor_meta import span_elems
+from ascendc_pack_runtime.tensor_meta import contiguous_strides, span_elems
 
 from .executor import run_reference_fused
 from .program import FusedStep
@@ -139,14 +139,16 @@ class _Arena:
     them. Offsets are 64-byte aligned.
     """
 
-    def __init__(self, inputs: list[torch.Tensor], out_specs: list[tuple[tuple, torch.dtype]]):
+    def __init__(self, inputs: list[torch.Tensor], out_specs: list[tuple]):
+        """``out_specs``: ``(shape, dtype)`` or ``(shape, dtype, stride)`` per output (a dense
+        layout; contiguous when absent)."""
         spans, offset = [], 0
         for t in inputs:
             n = span_elems(t.shape, t.stride()) * t.element_size()
             spans.append((offset, n))
             offset += -(-n // _ALIGN) * _ALIGN
         outs = []
-        for shape, dtype in out_specs:
+        for shape, dtype, *_ in out_specs:
             n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
             outs.append((offset, n))
             offset += -(-n // _ALIGN) * _ALIGN
@@ -158,11 +160,14 @@ class _Arena:
             self._bytes = torch.from_file(name, shared=True, size=self.size, dtype=torch.uint8)
         finally:
             os.close(fd)
+        self._output_spans = outs
         self.input_offsets = [o for o, _ in spans]
         self.output_offsets = [o for o, _ in outs]
         self._sources = [_span_view(t) for t in inputs]
         self._inputs = [self._bytes[o:o + n].view(t.dtype) for (o, n), t in zip(spans, inputs)]
-        self.outputs = [self._bytes[o:o + n].view(dtype).view(shape) for (o, n), (shape, dtype) in zip(outs, out_specs)]
+        self.outputs = [self._bytes[o:o + n].view(spec[1]).as_strided(spec[0], spec[2] if len(spec) > 2 else
+                                                                      contiguous_strides(spec[0]))
+                        for (o, n), spec in zip(outs, out_specs)]
         self.restore_inputs()
 
     def restore_inputs(self) -> None:
@@ -173,8 +178,8 @@ class _Arena:
         return all(torch.equal(dst, src) for dst, src in zip(self._inputs, self._sources))
 
     def poison_outputs(self) -> None:
-        for o in self.outputs:
-            o.view(-1).view(torch.uint8).fill_(_POISON)
+        for o, n in self._output_spans:
+            self._bytes[o:o + n].fill_(_POISON)
 
     def close(self) -> None:
         self.outputs, self._inputs, self._bytes = [], [], None

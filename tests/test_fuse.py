@@ -163,6 +163,25 @@ def test_views_of_inputs_fold_into_loads():
     _check_reference(captured, fused, fn, inputs)
 
 
+def test_kernels_store_eager_dense_layouts_in_memory_order():
+    """A channels_last operand (e.g. after a channels_last convolution): the kernel stores its
+    result channels_last, as eager does, iterating in memory order (channels innermost), so no
+    load or store is transposed and the next convolution reads it without a relayout."""
+    x = torch.randn(1, 40, 7, 9).contiguous(memory_format=torch.channels_last)
+    _, fused = _fused(lambda x, g: x * torch.sigmoid(g), x, torch.randn(1, 40, 1, 1))
+    (step,) = fused.program.fused_steps()
+    (out,) = step.kernel.outputs
+    assert out.layout == x.stride() and out.stride == x.stride()
+    assert step.kernel.axes == (63, 40)  # H*W outer, C inner: every access is unit-stride in C
+    assert out.strides == (40, 1) and {n.strides for n in step.kernel.loads} == {(40, 1), (0, 1)}
+    # a permuted result is stored in its own (eager's) memory order; a contiguous one as before
+    _, fused = _fused(lambda x: (torch.exp(x.permute(1, 0)), x * 2), torch.randn(33, 40))
+    outs = {o.shape: o for s in fused.program.fused_steps() for o in s.kernel.outputs}
+    assert outs[(40, 33)].layout == (1, 40) and outs[(33, 40)].stride is None
+    for s in fused.program.fused_steps():
+        assert KernelSpec.from_json(s.kernel.to_json()) == s.kernel
+
+
 def test_integer_floor_division_is_not_fused():
     fn = lambda a, b: torch.div(a, b, rounding_mode="floor") + 1  # noqa: E731
     a, b = torch.randint(-9, 9, (4, 7)), torch.randint(1, 9, (4, 7))

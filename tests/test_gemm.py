@@ -47,6 +47,9 @@ CASES = [
     GemmSpec("strided_b", 37, 61, 29, b_strides=(0, 130, 2), epilogue=("relu",)),  # B = X[:, ::2]
     GemmSpec.matmul("k1_nk", 5, 17, 1, transpose_b=True, epilogue=("relu",)),  # K = 1
     GemmSpec.matmul("n1", 300, 1, 3),  # N = 1: one partial vector
+    # 1x1 convolutions on channels_last rows (mobilenet_v3): hardswish, hardsigmoid
+    GemmSpec.linear("conv1x1_hswish", 196, 40, 24, epilogue=("hardswish",)),
+    GemmSpec.linear("conv1x1_se", 1, 72, 18, epilogue=("hardsigmoid",)),
     # 16-bit inputs compute in float32 and round where eager rounds
     GemmSpec.linear("tails_bf16", 37, 61, 29, dtype="bfloat16", epilogue=("gelu",)),
     GemmSpec.matmul("bmm_fp16", 37, 61, 29, batch=2, dtype="float16", epilogue=("add",)),

@@ -123,6 +123,16 @@ case("mix-f32-permuted", lambda x, y: mix(x.permute(1, 0), y), randn(40, 33), ra
 case("mix-f32-transposed-3d", lambda x, y: mix(x.transpose(0, 2), y), randn(5, 3, 17), randn(17, 3, 5))
 case("mix-f32-sliced", lambda x, y: mix(x[2:, 1:61:3], y[::2]), randn(9, 70), randn(14, 20))
 case("mix-f32-selected", lambda x, y: mix(x[:, 3], y.select(0, 1)), randn(23, 7), randn(3, 23))
+# channels_last operands (a convnet's tensors after a channels_last convolution): eager returns
+# channels_last, and so do the kernels (stored in memory order, lower.output_layout)
+_CL = torch.channels_last
+case("cl-f32-se-scale", lambda x, g: x * torch.sigmoid(g), randn(1, 40, 7, 9).contiguous(memory_format=_CL),
+     randn(1, 40, 1, 1))
+case("cl-f32-residual-hardswish", lambda x, y: F.hardswish(x + y), randn(2, 24, 5, 6).contiguous(memory_format=_CL),
+     randn(2, 24, 5, 6).contiguous(memory_format=_CL))
+case("cl-f16-pool-and-scale", lambda x: (x.mean((2, 3), keepdim=True), x * 2 - 1),
+     randn(1, 37, 6, 5, dtype=F16).contiguous(memory_format=_CL))
+case("permuted-output", lambda x: (torch.exp(x.permute(0, 2, 1)), x.permute(2, 0, 1) * 3), randn(3, 37, 17))
 case("arith-f32-specials", arith, special(19, 37), special(19, 37))
 case("mix-f32-big-row", mix, randn(2, 100003), randn(1, 100003))
 

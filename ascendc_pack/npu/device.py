@@ -119,7 +119,7 @@ class NpuFusedKernel:
 
         self.spec = spec
         self.lib = library
-        self.out_specs = [(tuple(o.shape), DTYPES[o.dtype]) for o in spec.outputs]
+        self.out_specs = [(tuple(o.shape), DTYPES[o.dtype], tuple(o.layout)) for o in spec.outputs]
 
     def prepare_inputs(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Inputs in the strides the kernel was compiled for (a copy only when they differ)."""
@@ -134,7 +134,8 @@ class NpuFusedKernel:
     def __call__(self, inputs: list[torch.Tensor], outputs=None, max_threads: int = 0) -> list[torch.Tensor]:
         device = inputs[0].device if inputs else torch.device("npu")
         ins = self.prepare_inputs(inputs)
-        outs = outputs if outputs is not None else [torch.empty(s, dtype=d, device=device) for s, d in self.out_specs]
+        outs = outputs if outputs is not None else [torch.empty_strided(s, st, dtype=d, device=device)
+                                                     for s, d, st in self.out_specs]
         ws = torch.empty(self.lib.workspace, dtype=torch.uint8, device=device) if self.lib.workspace else None
         rc = self.lib.launch(ins, outs, ws)
         if rc != 0:
