@@ -41,9 +41,10 @@ log = logging.getLogger("ascendc_pack")
 
 UNARY = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 CONV_UNARY = UNARY + ("hardswish", "hardsigmoid")
-CONV_TILINGS = 2
+CONV_TILINGS = 1
 """Tilings of a 1x1 convolution's GEMM (the cost model's first ones): mobilenet_v3_small has 34
-1x1 convolutions; their cost-model pick is within a few % of the PGO winner."""
+1x1 convolutions, efficientnet_b0 about 40 distinct ones, and each tiling is a compile of about
+0.25 s of CPU in the cold build; the cost model's pick was within a few % of the PGO winner of two."""
 
 
 @dataclass(frozen=True)

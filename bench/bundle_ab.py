@@ -1,0 +1,82 @@
+"""A/B of bundles of one model (and optionally ONNX Runtime) in one process, interleaved.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/bundle_ab.py MODEL.py A.ascpack [B.ascpack ...] [--ort DIR]
+
+Every contender runs ``--calls`` back-to-back calls per round, rounds interleaved; the report is
+the median per-call wall time and process CPU time, and each contender's ratio to the first one
+(the median over rounds of the per-round ratio, so slow phases of a shared host cancel out).
+``--ort DIR`` adds ONNX Runtime (spinning off, intra-op threads = usable cores, as in the bench),
+exporting the model to DIR on first use; ratios are then to ONNX Runtime. For a quick check of a
+change, not a benchmark: ``ascendc-pack bench`` / ``bench/run_all.py`` run each contender in its
+own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import ascendc_pack_runtime as rt  # noqa: E402  (before torch: the threading policy)
+import torch  # noqa: E402,F401
+
+from ascendc_pack.loader import load_model_file  # noqa: E402
+
+
+def _ort_runner(model_file: str, out_dir: str, module, inputs):
+    from ascendc_pack.bench.contenders import _ort_binder, build_artifact
+
+    found = sorted(Path(out_dir).glob("*.onnx")) if Path(out_dir).is_dir() else []
+    if not found:
+        build_artifact("onnx", model_file, out_dir)
+        found = sorted(Path(out_dir).glob("*.onnx"))
+    return _ort_binder(str(found[0]), module, len(inputs))(list(inputs))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_file")
+    p.add_argument("bundles", nargs="+")
+    p.add_argument("--ort", metavar="DIR", help="also time ONNX Runtime (the .onnx is exported to DIR once)")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--calls", type=int, default=10)
+    args = p.parse_args(argv)
+    loaded = load_model_file(args.model_file)
+    inputs = loaded.example_inputs
+    runs = {}
+    if args.ort:
+        runs["onnxruntime"] = _ort_runner(args.model_file, args.ort, loaded.module, inputs)
+    for b in args.bundles:
+        m = rt.load(b)
+        runs[b] = lambda m=m: m(*inputs)
+    for run in runs.values():
+        for _ in range(5):
+            run()
+    wall = {k: [] for k in runs}
+    cpu = {k: [] for k in runs}
+    for _ in range(args.rounds):
+        for k, run in runs.items():
+            ts = []
+            c0 = time.process_time()
+            for _ in range(args.calls):
+                t0 = time.perf_counter()
+                run()
+                ts.append(time.perf_counter() - t0)
+            cpu[k].append((time.process_time() - c0) / args.calls)
+            wall[k].append(statistics.median(ts))
+    first = next(iter(runs))
+    print(f"load average {os.getloadavg()[0]:.2f}; ratios to {first}")
+    for k in runs:
+        rw = statistics.median(a / b for a, b in zip(wall[k], wall[first]))
+        rc = statistics.median(a / b for a, b in zip(cpu[k], cpu[first]))
+        print(f"{k:40s} wall {statistics.median(wall[k]) * 1e3:9.3f} ms  x{rw:5.2f}   "
+              f"cpu {statistics.median(cpu[k]) * 1e3:9.3f} ms  x{rc:5.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
