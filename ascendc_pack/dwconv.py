@@ -280,58 +280,82 @@ def channel_parts(c: int, cb: int, lanes: int) -> list[ChannelPart]:
 
 _UNARY_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "gelu": 12, "gelu_tanh": 12,
                  "silu": 10, "sigmoid": 10, "tanh": 12, "add": 1}
-FMA_LATENCY = 4
-BLOCK_CYCLES = 12  # a register block's call, setup and row-range checks
+# Machine constants of the estimate (cycles unless named otherwise). Rank only: fitted to the
+# measured times of every single-thread candidate of 15 mobilenet / efficientnet shapes on the
+# build host (AVX2, Zen 3), see docs/DWCONV.md
+FMA_PORTS = 2.0
+LOAD_PORTS = 2.0
+FMA_LATENCY = 2.0  # an accumulator's chain of taps, per tap (out-of-order blocks overlap)
+BLOCK_CYCLES = 30.0  # a register block's call, setup, loop exits and epilogue loads
+EDGE_FACTOR = 1.6  # edge blocks test every tap's column
+L2_BYTES_PER_CYCLE = 32.0
+MEM_GBPS = 25.0  # per thread, tensors that do not stay in L2
+OVERLAP = 0.25  # of the other terms, beside the limiting one
 
 
-def _taps(spec: DwConvSpec) -> float:
-    """Average valid taps per output pixel (padding taps are skipped)."""
-    def per_axis(out, size, k, s, p, d):
-        return sum(sum(0 <= o * s - p + i * d < size for i in range(k)) for o in range(out)) / out
-    (_, *ra), (_, *ca) = spec._axes()
-    return per_axis(spec.oh, *ra) * per_axis(spec.ow, *ca)
+def _axis_taps(out: int, size: int, k: int, s: int, p: int, d: int) -> list[int]:
+    """Valid (non-padding) taps of each output position along one axis."""
+    return [sum(0 <= o * s - p + i * d < size for i in range(k)) for o in range(out)]
 
 
-def _block_cycles_per_tap(p: int, nv: int, edge: bool) -> float:
-    """One tap of a p-pixel x nv-vector block: p*nv FMAs (each loading its input vector) and nv
-    weight loads on 2 FMA / 2 load ports, no faster than the FMA latency per accumulator."""
-    cyc = max(p * nv / 2.0, (p * nv + nv) / 2.0, FMA_LATENCY)
-    return cyc * (1.3 if edge else 1.0)  # edge blocks test every tap
+def _block_cycles(p: int, nv: int, col_taps: float, kw: int, edge: bool) -> float:
+    """One kernel row of a p-pixel x nv-vector register block whose pixels have ``col_taps``
+    valid taps each: its FMAs (each loading an input vector) and kw x nv weight loads on the FMA
+    and load ports, and no faster than an accumulator's chain of dependent FMAs."""
+    fmas = p * nv * col_taps
+    cyc = max(fmas / FMA_PORTS, (fmas + nv * kw) / LOAD_PORTS, col_taps * FMA_LATENCY)
+    return cyc * (EDGE_FACTOR if edge else 1.0)
 
 
-def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget, taps: float | None = None) -> float:
-    """Rank-only estimate of one call (microseconds): the busiest thread's register-block cycles
-    (tails and edge blocks included) or, when larger, the time to move the input through the
-    caches; plus the wake-up and closing barrier of a parallel region."""
-    taps = _taps(spec) if taps is None else taps
-    ow, (lo, hi) = spec.ow, spec.interior_cols
-    spans = [(lo, True), (hi - lo, False), (ow - hi, True)]
+def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
+    """Rank-only estimate of one call (microseconds): the busiest thread's register blocks (tails,
+    edges and padded rows included), its input rows moving from L2 to L1, and the tensors moving
+    from memory, the largest plus :data:`OVERLAP` of the others; plus the wake-up and closing
+    barrier of a parallel region."""
+    (_, *rows), (_, *cols) = spec._axes()
+    row_taps = sum(_axis_taps(spec.oh, *rows)) / spec.oh
+    col_taps = _axis_taps(spec.ow, *cols)
+    lo, hi = spec.interior_cols
     epi = 1 + int(spec.bias) + sum(_UNARY_CYCLES[op] for op in spec.epilogue)
     row_cycles = 0.0  # one output row, every channel
     for part in channel_parts(spec.c, t.cb, t.lanes):
-        per_block = 0.0
-        for count, edge in spans:
-            for p, nblk in ((t.owb, count // t.owb), (count % t.owb, 1)):
-                if p and nblk:
-                    per_block += nblk * (taps * _block_cycles_per_tap(p, part.vectors, edge) + BLOCK_CYCLES
-                                         + p * part.vectors * epi)
-        row_cycles += per_block * part.blocks
-    # input rows: a channel block's window of input rows stays in L1 between the output rows of a
-    # task when it fits, else each output row streams its kh input rows from L2 (32 B / cycle)
+        for a, b, edge in ((0, lo, True), (lo, hi, False), (hi, spec.ow, True)):
+            # (pixels, first column, how many such blocks): interior blocks all have kw taps
+            blocks = [(t.owb, a, (b - a) // t.owb)] if not edge else \
+                [(t.owb, ow0, 1) for ow0 in range(a, b - t.owb + 1, t.owb)]
+            if (b - a) % t.owb:
+                blocks.append(((b - a) % t.owb, b - (b - a) % t.owb, 1))
+            for p, ow0, count in blocks:
+                taps = sum(col_taps[ow0:ow0 + p]) / p if count else 0
+                row_cycles += count * part.blocks * (row_taps * _block_cycles(p, part.vectors, taps, spec.kw, edge)
+                                                     + BLOCK_CYCLES + p * part.vectors * epi)
+    tasks = spec.n * -(-spec.oh // t.rb)
+    rows = -(-tasks // t.bd) * min(t.rb, spec.oh)  # output rows of the busiest thread
+    compute = rows * row_cycles / (target.ghz * 1e3)
+    # a channel block's window of input rows stays in L1 from one output row of a task to the
+    # next when it fits; else every output row reads its kh input rows from L2
     kh_ext = (spec.kh - 1) * spec.dilation[0] + 1
-    window = kh_ext * spec.w * t.cb * 4
-    reuse = (t.rb > 1 and window <= target.l1d * 0.5) or kh_ext * spec.w * spec.c * 4 <= target.l1d * 0.5
+    reuse = (t.rb > 1 and kh_ext * spec.w * t.cb * 4 <= target.l1d * 0.5) or \
+        kh_ext * spec.w * spec.c * 4 <= target.l1d * 0.5
     rows_read = min(spec.stride[0], kh_ext) if reuse else spec.kh
-    l2_cycles = rows_read * spec.w * spec.c * 4 / 32.0
-    row_cycles = max(row_cycles, l2_cycles)
-    oh_blocks = -(-spec.oh // t.rb)
-    tasks = spec.n * oh_blocks
-    busiest = -(-tasks // t.bd) * min(t.rb, spec.oh)  # rows of the busiest thread
-    us = busiest * row_cycles / (target.ghz * 1e3)
-    # the tensors once from memory (L3 / DRAM) when they do not fit in L2
-    nbytes = 4 * spec.c * (spec.n * spec.h * spec.w + spec.n * spec.oh * spec.ow * (1 + int(spec.residual)))
-    gbps = 80.0 if nbytes <= target.l2 * 0.5 * t.bd else 25.0
-    us = max(us, nbytes / (gbps * 1e3 * min(t.bd, tasks)))
+    l2 = rows * rows_read * spec.w * spec.c * 4 / L2_BYTES_PER_CYCLE / (target.ghz * 1e3)
+    # the tensors from memory: once, unless a task's rows do not stay in L2 across its channel
+    # blocks; then every block streams its slice, and a slice narrower than a cache line
+    # (64 B) fetches each line once per block sharing it
+    task_rows = min(t.rb, spec.oh)
+
+    def passes(footprint: int) -> float:
+        return 1.0 if footprint <= target.l2 * 0.5 else max(1.0, 64 / (t.cb * 4))
+
+    x_rows = (task_rows - 1) * spec.stride[0] + kh_ext
+    nbytes = 4 * spec.c * spec.n * (spec.h * spec.w * passes(x_rows * spec.w * spec.c * 4)
+                                    + spec.oh * spec.ow * (1 + int(spec.residual))
+                                    * passes(task_rows * spec.ow * spec.c * 4))
+    whole = 4 * spec.c * spec.n * (spec.h * spec.w + spec.oh * spec.ow)
+    gbps = MEM_GBPS * (3.0 if whole <= target.l2 * 0.5 * t.bd else 1.0)
+    mem = nbytes / (gbps * 1e3 * min(t.bd, tasks) ** 0.8)
+    terms = (compute, l2, mem)
+    us = max(terms) + OVERLAP * (sum(terms) - max(terms))
     if t.bd > 1:
         us += Target.parallel_overhead_us + Target.barrier_us
     return us
@@ -341,16 +365,23 @@ def _space(spec: DwConvSpec, target: GemmTarget) -> list[DwConvTiling]:
     vec, cores = target.lanes, target.cores
     bds = sorted({1, cores} | ({cores // 2} if cores >= 4 else set()))
     cvec = -(-spec.c // vec)
-    rbs = sorted({r for r in (1, 2, 4, 8, 16) if r < spec.oh} | {spec.oh})
+    # rows per task: one (channel blocks innermost), all (outermost: most L1 reuse), the most
+    # whose input rows stay in L2; with threads, about 1, 2 or 4 tasks per thread and image
+    kh_ext = (spec.kh - 1) * spec.dilation[0] + 1
+    row_bytes = spec.stride[0] * spec.w * spec.c * 4
+    fit = max(1, int((target.l2 * 0.5 - kh_ext * spec.w * spec.c * 4) // row_bytes) + 1)
+    single = {1, spec.oh, min(fit, spec.oh)}
+    split = {1} | {-(-spec.oh // (bd * k)) for bd in bds if bd > 1 for k in (1, 2, 4)}
+    lo, hi = spec.interior_cols
+    widest = max(lo, hi - lo, spec.ow - hi)  # a longer column block runs as this one
     out = []
     for nv in (1, 2, 3, 4, 6, 8):
         if nv > 1 and nv > cvec:
             continue  # a block wider than the channels would only ever run as a tail
-        for owb in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14):
-            if owb * nv + nv > target.registers or (owb > 1 and owb > spec.ow):
-                continue
+        owbs = [o for o in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14) if o * nv + nv <= target.registers]
+        for owb in sorted({min(o, widest) for o in owbs}):
             for bd in bds:
-                for rb in rbs:
+                for rb in sorted(single if bd == 1 else split):
                     tasks = spec.n * -(-spec.oh // rb)
                     if bd > 1 and tasks < bd:
                         continue
@@ -364,13 +395,12 @@ def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) ->
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
     ``PAYOFF_MARGIN`` of it; the list keeps variety for PGO (the best of every thread count and
     every channel block come before the runners-up)."""
-    taps = _taps(spec)
     scored, seen = [], set()
     for t in _space(spec, target):
         cand = Candidate(t.tiling_repr, 0, t.bd)
         if cand.kernel_key not in seen:
             seen.add(cand.kernel_key)
-            scored.append(DwConvCandidate(t, cand, estimate_us(spec, t, target, taps)))
+            scored.append(DwConvCandidate(t, cand, estimate_us(spec, t, target)))
     single = min(c.est_us for c in scored if c.tiling.bd == 1)
     scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
                                                         and c.est_us <= PAYOFF_MARGIN * single)]
