@@ -48,7 +48,7 @@ from ascendc_pack_runtime.outputs import plain_treespec
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from .render import GraphLibrary, GraphSource, KernelRef, compile_graph, graph_flags, render_graph_cached, weight_layout
-from .tactic_report import gemm_libraries, manifest_tactics, tuning_tactics
+from .tactic_report import kernel_libraries, manifest_tactics, tuning_tactics
 
 ZSTD_LEVEL = 6
 COPY_CHUNK = 1 << 20   # bytes per copy into the archive (tarfile's default 16 KiB costs Python calls)
@@ -266,7 +266,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
              len(steps[name].kernel.outputs), bool(choices[name].visited), choices[name].chosen_index,
              _candidates(choices[name]), tuple(uses[name])) for name in names]
     libs += [(name, g["candidate"], g["so_path"], g["n_inputs"], 1, bool(g["visited"]), g["chosen_index"],
-              g["candidates"], tuple(g["uses"])) for name, g in gemm_libraries(model.program, tactics or {}).items()]
+              g["candidates"], tuple(g["uses"])) for name, g in kernel_libraries(model.program, tactics or {}).items()]
     refs: dict[str, KernelRef] = {}
     kernel_files: list[tuple[str, Path]] = []
     kernel_entries = []

@@ -72,7 +72,7 @@ class GemmKernel:
         self.b_packed, self.nr, self.packed_b_bytes = bool(info.b_packed), int(info.nr), int(info.packed_b_bytes)
         self._pack = cdll.ap_gemm_pack_b
         self._pack.restype, self._pack.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
-        self._workspace = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
+        self.workspace_buffer = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
 
     def pack_b(self, b: torch.Tensor, max_threads: int = 0) -> PackedB:
         """B packed into this candidate's NR-wide panels (layout in gemm_abi.h)."""
@@ -112,7 +112,7 @@ class GemmKernel:
         oshape, ostride = (full, (s.m * s.n, s.n, 1)) if s.batch > 1 else (full[1:], (s.n, 1))
         out = torch.empty(oshape, dtype=DTYPES[s.dtype][1]) if out is None else out
         _check(s, "out", out, oshape, ostride)
-        rc = self.lib.launch(ins, [out], self._workspace, max_threads)
+        rc = self.lib.launch(ins, [out], self.workspace_buffer, max_threads)
         if rc != 0:
             raise RuntimeError(f"GEMM {s.name} ({self.lib.kernel_key}) failed with status {rc}")
         return out

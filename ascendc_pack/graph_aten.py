@@ -168,6 +168,11 @@ layouts and the other arguments, so one process answers each question once (and
 :func:`meta_layout_cache` keeps the answers across builds)."""
 
 
+META_RULES_VERSION = 2
+"""Changes with the corrections :func:`meta_layouts` applies to torch's meta kernels (the kept
+answers of older rules are not reused)."""
+
+
 def meta_layouts(step: AtenStep, layout_of) -> list[tuple] | None:
     """Output ``(shape, stride, dtype)`` of ``step`` computed by torch on meta tensors whose
     layouts ``layout_of(name)`` gives (``(shape, stride, dtype)``); None if that fails."""
@@ -215,8 +220,24 @@ def _meta_outputs(step: AtenStep, layout_of) -> list | None:
         log.debug("meta execution of %s failed (%s); its layout is checked at run time", step.op, e)
         return None
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if step.op == "aten.convolution.default":
+        outs = [_cpu_convolution_layout(conv(step.args[0]), conv(step.args[1]), outs[0])]
     return [(tuple(o.shape), tuple(o.stride()), dtype_name(o.dtype)) if isinstance(o, torch.Tensor) else None
             for o in outs]
+
+
+def _cpu_convolution_layout(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """ATen's meta convolution returns NCHW; the CPU kernels return channels_last when the input or
+    the weight suggests it (ATen's ``mkldnn_conv_use_channels_last`` / thnn rule, checked against
+    the CPU kernels in tests/test_graph_compile.py)."""
+    cl = torch.channels_last
+
+    def suggests_cl(t: torch.Tensor) -> bool:
+        return t.dim() == 4 and t.is_contiguous(memory_format=cl) and not t.is_contiguous()
+
+    if out.dim() == 4 and (suggests_cl(x) or suggests_cl(weight)):
+        return out.contiguous(memory_format=cl)
+    return out
 
 
 @contextlib.contextmanager
@@ -225,7 +246,7 @@ def meta_layout_cache(cache_dir: Path | str):
     across builds: some meta kernels (torch's reference implementations, e.g. of ``mean``) import
     ``torch._dynamo`` on their first call, about 1.4 s that a warm rebuild would spend on it."""
     path = Path(cache_dir) / "ascendc" / "meta_layouts" / \
-        f"{stable_hash(torch.__version__, torch.version.git_version)[:16]}.json"
+        f"{stable_hash(torch.__version__, torch.version.git_version, META_RULES_VERSION)[:16]}.json"
     try:
         stored = json.loads(path.read_text())
         for key, outs in stored.items():

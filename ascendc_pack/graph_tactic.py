@@ -2,7 +2,7 @@
 
 A dispatcher tactic becomes ATen-style steps the planner renders as boxed calls
 (:func:`tactic_plan`, :func:`plan_tactic`); a generated GEMM becomes a kernel launch with its B
-packed at load (:func:`plan_gemm`).
+packed at load (:func:`plan_gemm`), a generated convolution kernel a launch too (:func:`plan_conv_kernel`).
 
 A tactic (:class:`ascendc_pack.tactics.Tactic`) is data: dispatcher calls by qualified name. The
 planner (:mod:`ascendc_pack.graph_plan`) renders each as a boxed call like any ATen step:
@@ -212,6 +212,47 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     return actions
 
 
+def plan_conv_kernel(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered convolution step run by a generated kernel (``tactic_convkernel``): it reads
+    NHWC memory (channels_last ``x`` and residual: views, else one relayouted copy) and a weight
+    packed at build, and writes the channels_last output into a planned buffer."""
+    g, out = step.chosen, step.outputs[0]
+    name = g["kernel"]
+    ref = planner.kernels.get(name)
+    if ref is None:
+        raise RenderError(f"no library for kernel {name} of tactic step {step.name}")
+    if name not in planner.kernel_order:
+        planner.kernel_order.append(name)
+    index, actions = planner.kernel_order.index(name), []
+
+    def nhwc(t: str, shape: tuple) -> Val:
+        return planner.kernel_input(name, t, env[step.bind[t]], (shape, _cl_strides(shape), "float32"), actions)
+
+    x_shape, out_shape = tuple(program.values[step.bind["x"]].shape), tuple(program.values[out].shape)
+    ins = [nhwc("x", x_shape)]
+    for t in ("weight", "bias"):
+        if t in step.bind:
+            w = env[step.bind[t]]
+            if w.kind is not ValKind.WEIGHT:
+                raise RenderError(f"kernel {name}: its {t} is not a stored weight")
+            ins.append(planner.kernel_input(name, t, w, (w.shape, contiguous_strides(w.shape), w.dtype), actions))
+    if "other" in step.bind:
+        ins.append(nhwc("other", out_shape))
+    if ref.n_inputs != len(ins) or ref.n_outputs != 1:
+        raise RenderError(f"kernel {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")
+    y = planner.new_buf(f"{scope}{out} ({name})", out_shape, _cl_strides(out_shape), "float32")
+    ws = planner.new_buf(f"workspace of {name}", (ref.workspace,), (1,), "uint8", BufRole.WORKSPACE) \
+        if ref.workspace > 0 else None
+    actions.append(FusedAction(f"{scope}{out} = {name}", index, tuple(ins), (y,), ws))
+    planner.counts["fused"] += 1
+    env[out] = planner.buf_val(y, f"{scope}{out}")
+    return actions
+
+
+def _cl_strides(shape: tuple) -> tuple:
+    return tuple(torch.empty(shape, device="meta").contiguous(memory_format=torch.channels_last).stride())
+
+
 def _arg(a, names: dict):
     if isinstance(a, TRef):
         return Ref(names[a.name])
@@ -222,4 +263,4 @@ def _arg(a, names: dict):
     return a
 
 
-__all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm"]
+__all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm", "plan_conv_kernel"]

@@ -82,13 +82,18 @@ class GemmTactic:
         the build cache (for the Python-mode run; the bundle names its own member)."""
         return {**self.to_json(), "kernel": self.spec.name, "so_path": self.so_path}
 
-    def gemm_weights(self, named: dict) -> dict:
+    def kernel_weights(self, named: dict) -> dict:
         """The weights the kernel reads (``weight``, ``bias``), from the step's weights."""
         return {n: named[n] for n in ("weight", "bias") if n in named}
 
     def rows(self, t: torch.Tensor, n: int) -> torch.Tensor:
         """An activation (or the step's output) as the kernel's row-major [m, n] operand."""
-        return t.reshape(self.spec.m, n).contiguous()
+        return self.row_order(t).reshape(self.spec.m, n).contiguous()
+
+    def row_order(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` viewed in the order of the rows' elements (its rows are this view, copied
+        densely when it is not contiguous)."""
+        return t
 
     def result(self, c: torch.Tensor) -> torch.Tensor:
         """The kernel's C as the step's output."""
@@ -115,19 +120,14 @@ class ConvGemmTactic(GemmTactic):
     def to_json(self) -> dict:
         return {**super().to_json(), "kind": "conv", "conv": {"x_shape": list(self.x_shape), "affine": self.affine}}
 
-    def gemm_weights(self, named: dict) -> dict:
+    def kernel_weights(self, named: dict) -> dict:
         return conv_gemm_weights(self.spec, self.affine, named)
 
-    def rows(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        return nchw_rows(t, n)
+    def row_order(self, t: torch.Tensor) -> torch.Tensor:
+        return t.permute(0, 2, 3, 1)
 
     def result(self, c: torch.Tensor) -> torch.Tensor:
         return rows_nchw(c, self.out_shape)
-
-
-def nchw_rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """[N, C, H, W] as row-major [N*H*W, C] rows: a view of a channels_last tensor, else a copy."""
-    return t.permute(0, 2, 3, 1).reshape(-1, n).contiguous()
 
 
 def rows_nchw(c: torch.Tensor, out_shape) -> torch.Tensor:
@@ -231,23 +231,42 @@ def compile_gemm_plans(plans: dict[str, GemmPlan], config, progress=None) -> dic
 
 
 class GemmRunner:
-    """One GEMM candidate on a step's named tensors: B prepared (packed) once, then launches."""
+    """One GEMM candidate on a step's named tensors: B prepared (packed) once; :meth:`verify`
+    runs it in the kernel sandbox, and only then may it be called in-process. A call is what the
+    graph runs: the bound launch (no Python checks) after the copies of operands that arrive in
+    another layout than the kernel's rows (a view otherwise, free in the graph too)."""
 
     def __init__(self, gt: GemmTactic, named: dict):
         self.gt = gt
         self.kernel = GemmKernel(gt.spec, gt.so_path, gt.key)
         self.x, self.other = named["x"], named.get("other")
-        weights = gt.gemm_weights(named)
+        weights = gt.kernel_weights(named)
         self.b = self.kernel.prepare_b(weights["weight"])
         self.bias = weights.get("bias")
-        self.a = gt.rows(self.x, gt.spec.k)
-        self.residuals = [gt.rows(self.other, gt.spec.n)] if self.other is not None else []
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.a = self._operand(self.x, gt.spec.k)
+        self.residuals = [self._operand(self.other, gt.spec.n)] if self.other is not None else []
+        spec = gt.spec
+        self.out = torch.empty((spec.m, spec.n), dtype=DTYPES[spec.dtype][1])
+        b = self.b.data if isinstance(self.b, PackedB) else logical_b(spec, self.b)
+        ins = [self.a, b] + ([self.bias] if self.bias is not None else []) + self.residuals
+        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer)
+
+    def _operand(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        src = self.gt.row_order(t)
+        if src.is_contiguous():
+            return src.reshape(self.gt.spec.m, n)
+        rows = torch.empty((self.gt.spec.m, n), dtype=t.dtype)
+        self._copies.append((rows.view(src.shape), src))
+        rows.view(src.shape).copy_(src)
+        return rows
 
     def __call__(self) -> torch.Tensor:
-        # the operands' rows per call: a copy when they arrive in the other layout is part of the cost
-        gt = self.gt
-        res = [gt.rows(self.other, gt.spec.n)] if self.other is not None else []
-        return gt.result(self.kernel(gt.rows(self.x, gt.spec.k), self.b, self.bias, res))
+        for dst, src in self._copies:
+            dst.copy_(src)
+        if self._launch() != 0:
+            raise RuntimeError(f"GEMM {self.gt.spec.name} ({self.gt.key}) failed")
+        return self.out
 
     def verify(self, expected: torch.Tensor, ref64, sandbox, timeout_s: float) -> dict | None:
         """Run the candidate once in the kernel sandbox; None if its output matches the
@@ -306,5 +325,5 @@ def _verdict(reason: str, detail: str) -> dict:
 
 
 __all__ = ["GemmTactic", "ConvGemmTactic", "GemmRunner", "GemmPlan", "gemm_spec", "conv_gemm_spec", "plan_gemms",
-           "compile_gemm_plans", "lowered_gemm_runner", "lowered_tactic", "nchw_rows", "rows_nchw",
+           "compile_gemm_plans", "lowered_gemm_runner", "lowered_tactic", "rows_nchw",
            "conv_gemm_weights", "CONV_TILINGS"]

@@ -30,6 +30,7 @@ from .executor import run_reference_tactic
 from .fold import is_foldable
 from .graph_aten import meta_layouts
 from .program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
+from .tactic_convkernel import ConvKernelTactic, lowered_conv_kernel_runner
 from .tactic_gemm import ConvGemmTactic, GemmTactic, lowered_gemm_runner
 from .tactic_pass import Constants, WeightSink, rewrite_cond
 
@@ -113,12 +114,13 @@ class _Lowerer:
                 needs.append(name)
             return name
 
-        if isinstance(tactic, ConvGemmTactic):  # weight [O, C] and bias, BatchNorm folded, made now
+        if isinstance(tactic, (ConvGemmTactic, ConvKernelTactic)):  # the weights the kernel reads, made now
             weights = {t: consts.tensor(v) for t, v in s.bind.items() if t in T.WEIGHTS}
+            made = tactic.kernel_weights(weights)  # BatchNorm folded; [O, C] or packed
             bind = {n: v for n, v in s.bind.items() if n not in T.WEIGHTS}
-            bind.update({n: stored(n, t) for n, t in tactic.gemm_weights(weights).items()})
+            bind.update({n: stored(n, t) for n, t in made.items()})
             shapes = {n: v for n, v in s.shapes.items() if n not in T.WEIGHTS}
-            shapes["weight"] = (tactic.spec.n, tactic.spec.k)
+            shapes["weight"] = tuple(made["weight"].shape)
             return dataclasses.replace(s, bind=bind, shapes=shapes, chosen=tactic.lowered(), values=dict(recorded))
         if isinstance(tactic, GemmTactic):  # B (packed at load) and the bias are the weights as bound
             bind = {n: (stored(n, None) if n in T.WEIGHTS else v) for n, v in s.bind.items()}
@@ -229,7 +231,7 @@ def _propagate_branches(s):
 def _output_spec(s: TacticStep, captured: TensorSpec) -> TensorSpec:
     """The layout of a lowered step's output: its tactic's result (recorded), reshaped as the
     captured value (a reshape that cannot be a view copies: contiguous)."""
-    output = "out" if "gemm" in s.chosen else T.Tactic.from_json(s.chosen).output
+    output = "out" if "kernel" in s.chosen else T.Tactic.from_json(s.chosen).output  # a generated kernel's
     res = (s.values or {}).get(output)
     if res is None or res.stride is None:
         return captured
@@ -287,9 +289,10 @@ class LoweredRunner:
         named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
         ready = self._ready.get(id(step))
         shape = self.shapes[id(step)]
-        if "gemm" in step.chosen:
+        if "kernel" in step.chosen:  # a generated GEMM or convolution kernel
             if ready is None:
-                ready = self._ready[id(step)] = (lowered_gemm_runner(step.chosen, named),)
+                make = lowered_gemm_runner if "gemm" in step.chosen else lowered_conv_kernel_runner
+                ready = self._ready[id(step)] = (make(step.chosen, named),)
             out = ready[0](named)
             return out if tuple(out.shape) == shape else out.reshape(shape)
         if ready is None:

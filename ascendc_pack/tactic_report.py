@@ -6,8 +6,8 @@ from __future__ import annotations
 from ascendc_pack_runtime import manifest as contract
 
 from .candidate import Candidate
-from .gemm import GemmSpec
 from .program import Program
+from .tactic_convkernel import ConvKernelTactic
 from .tactic_gemm import GemmTactic
 
 
@@ -61,26 +61,29 @@ def tuning_tactics(choices: dict, sanitize) -> list[dict]:
     return out
 
 
-def gemm_libraries(program: Program, choices: dict) -> dict[str, dict]:
-    """Every generated GEMM kernel a lowered tactic step launches, by kernel name: its chosen
-    ``candidate``, ``so_path`` (build cache), ``n_inputs``, ``visited``, ``chosen_index`` and
-    ``candidates`` among the GEMM's own tilings (``manifest.kernels`` entries), and ``uses``."""
+def kernel_libraries(program: Program, choices: dict) -> dict[str, dict]:
+    """Every generated kernel (GEMM or convolution) a lowered tactic step launches, by kernel
+    name: its chosen ``candidate``, ``so_path`` (build cache), ``n_inputs``, ``visited``,
+    ``chosen_index`` and ``candidates`` among the kernel's own tilings (``manifest.kernels``
+    entries), and ``uses``."""
     out: dict[str, dict] = {}
     for ts in program.tactic_steps():
         g = ts.chosen
-        if not g or "gemm" not in g:
+        if not g or "kernel" not in g:
             continue
         entry = out.get(g["kernel"])
         if entry is None:
             ch = choices[ts.name]
-            gemms = [(i, t) for i, t in enumerate(ch.candidates) if isinstance(t, GemmTactic)]
+            chosen = next(t for t in ch.candidates if t.key == g["kernel_key"])
+            own = [(i, t) for i, t in enumerate(ch.candidates)
+                   if isinstance(t, (GemmTactic, ConvKernelTactic)) and t.spec.name == g["kernel"]]
             cands = tuple(contract.Candidate(j, t.key, t.candidate.tiling_repr, t.candidate.workspace,
                                              t.candidate.block_dim, ch.results[i].median_us,
-                                             ch.results[i].error is not None) for j, (i, t) in enumerate(gemms))
+                                             ch.results[i].error is not None) for j, (i, t) in enumerate(own))
             entry = out[g["kernel"]] = {
                 "candidate": Candidate(g["tiling_repr"], g["workspace"], g["block_dim"]), "so_path": g["so_path"],
-                "n_inputs": GemmSpec.from_json(g["gemm"]).n_inputs, "visited": ch.visited,
-                "chosen_index": next(j for j, (_, t) in enumerate(gemms) if t.key == g["kernel_key"]),
+                "n_inputs": chosen.spec.n_inputs, "visited": ch.visited,
+                "chosen_index": next(j for j, (_, t) in enumerate(own) if t.key == g["kernel_key"]),
                 "candidates": cands, "uses": []}
         entry["uses"].append({"inputs": list(dict.fromkeys(ts.bind.values())), "outputs": list(ts.outputs)})
     return out

@@ -48,6 +48,7 @@ from .choice import MeasurementQuality, rel_spread
 from .config import BuildConfig, host_cores
 from .executor import run_aten, run_model, run_program, run_reference_tactic
 from .program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
+from .tactic_convkernel import ConvKernelRunner, ConvKernelTactic, compile_conv_kernel_plans, plan_conv_kernels
 from .tactic_gemm import GemmRunner, GemmTactic, compile_gemm_plans, plan_gemms
 from .tactic_pass import candidates_for, in_layout_chain
 from .tactics.dispatch import bind, execute
@@ -145,11 +146,11 @@ class TacticTuner:
     """Runs a model with TacticSteps on real inputs and tunes every tactic step on its first call.
 
     ``config``: topn (candidates per step, candidate 0 included; a GEMM step also gets up to
-    topn tilings of its generated kernel, a 1x1 convolution up to ``CONV_TILINGS``), cache
-    directory, cores; ``compile_epilogue``: build
+    topn tilings of its generated kernel, a 1x1 convolution up to ``CONV_TILINGS``, a depthwise
+    one up to ``CONV_KERNEL_TILINGS``), cache directory, cores; ``compile_epilogue``: build
     candidate 0's epilogue as a fused kernel for its timing; ``gemm``: offer the generated GEMM
-    kernels (tests switch both off to stay fast; then candidate 0 is timed with the epilogue as
-    ATen ops). :meth:`close` stops the verification sandbox of the GEMM candidates.
+    and convolution kernels (tests switch both off to stay fast; then candidate 0 is timed with the epilogue as
+    ATen ops). :meth:`close` stops the verification sandbox of the generated kernels' candidates.
     """
 
     def __init__(self, model: ModelProgram, weights: dict[str, torch.Tensor], config: BuildConfig,
@@ -178,6 +179,7 @@ class TacticTuner:
         # is timed as a fused kernel: both are compiled by :meth:`compile`, before any run
         self._gemms = plan_gemms([s for s in tuned if s.tactic_kind in ("linear", "conv")],
                                  {s.name: self.programs[id(s)].values for s in tuned}, config) if gemm else {}
+        self._conv_kernels = plan_conv_kernels(tuned, config) if gemm else {}
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
                            for s in tuned if compile_epilogue} if tuned else {}
         self._kernels: dict = {}
@@ -188,6 +190,7 @@ class TacticTuner:
 
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         return sum(len(p.build.candidates) for p in self._gemms.values()) + \
+            sum(len(b.candidates) for _, b in self._conv_kernels.values()) + \
             total_candidates(epi, dataclasses.replace(self.config, topn=1))
 
     def compile(self, progress=None) -> None:
@@ -199,6 +202,9 @@ class TacticTuner:
         if self._compiled:
             return
         for name, cands in compile_gemm_plans(self._gemms, self.config, progress).items():
+            self.choices[name].candidates += cands
+        affine = {n: bool(self.choices[n].desc["epilogue"]["affine"]) for n in self._conv_kernels}
+        for name, cands in compile_conv_kernel_plans(self._conv_kernels, affine, self.config, progress).items():
             self.choices[name].candidates += cands
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         backend = get_backend(self.config.backend)
@@ -298,8 +304,8 @@ class TacticTuner:
     def _verify(self, ch: TacticChoice, i: int, tactic, step: TacticStep, named: dict,
                 expected: torch.Tensor, ref64):
         """Run candidate ``i`` once and compare it with the reference; returns its timed runner."""
-        if isinstance(tactic, GemmTactic):
-            return self._verify_gemm(ch, i, tactic, step, named, expected, ref64)
+        if isinstance(tactic, (GemmTactic, ConvKernelTactic)):
+            return self._verify_kernel(ch, i, tactic, step, named, expected, ref64)
         weights, acts = T.split(named)
         acts = _arrival(tactic, step.desc, acts)
         with torch.no_grad():
@@ -322,10 +328,12 @@ class TacticTuner:
             return None
         return lambda: execute(calls, {**prepared, **acts})
 
-    def _verify_gemm(self, ch, i, tactic, step, named, expected, ref64):
+    def _verify_kernel(self, ch, i, tactic, step, named, expected, ref64):
+        """A generated kernel's candidate: verified in the kernel sandbox (it could crash)."""
         from .backend import get_backend
 
-        runner = GemmRunner(tactic, _arrival(tactic, step.desc, named))
+        runner_class = GemmRunner if isinstance(tactic, GemmTactic) else ConvKernelRunner
+        runner = runner_class(tactic, _arrival(tactic, step.desc, named))
         if self._sandbox is None:
             self._sandbox = get_backend(self.config.backend).sandbox()
         verdict = runner.verify(expected, ref64, self._sandbox, self.protocol.verify_timeout_s)

@@ -1,10 +1,12 @@
-"""1x1 convolutions as the generated GEMM on channels_last rows (ascendc_pack/tactic_gemm.py).
+"""Convolutions run by generated kernels: 1x1 convolutions as the generated GEMM on channels_last
+rows (ascendc_pack/tactic_gemm.py), depthwise ones by the depthwise kernel
+(ascendc_pack/tactic_convkernel.py), and the layouts the planner predicts around convolutions.
 
-A mobile-style block (1x1 expand + BatchNorm + hardswish from an NCHW input, depthwise 3x3, a
-squeeze-excitation pair of 1x1 convolutions on [N, C, 1, 1], a 1x1 projection + BatchNorm + the
-residual): every GEMM candidate of every 1x1 step is verified against eager and timed; forced to
-the GEMMs, the bundle matches eager in a fresh process and reads channels_last operands in place
-(no per-call copy of a GEMM operand but the entry's NCHW input).
+A mobile-style block (1x1 expand + BatchNorm + hardswish from an NCHW input, depthwise 3x3 +
+BatchNorm + relu, a squeeze-excitation pair of 1x1 convolutions on [N, C, 1, 1], a 1x1 projection
++ BatchNorm + the residual): every generated-kernel candidate of every step is verified against
+eager and timed; forced to the generated kernels, the bundle matches eager in a fresh process and
+reads channels_last operands in place (no per-call copy of an operand but the entry's NCHW input).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import ascendc_pack_runtime as rt
+
 from ascendc_pack.config import BuildConfig
 from ascendc_pack_runtime.tensor_meta import same_layout
 from ascendc_pack.program import TacticStep
+from ascendc_pack.tactic_convkernel import CONV_KERNEL_TILINGS, ConvKernelTactic
 from ascendc_pack.tactic_gemm import CONV_TILINGS, ConvGemmTactic, conv_gemm_spec
 from ascendc_pack.tactic_tune import TacticTuner
 
@@ -29,18 +34,19 @@ class MobileBlock(nn.Module):
         super().__init__()
         self.expand = nn.Conv2d(8, 24, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(24)
-        self.dw = nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.dw = nn.Conv2d(24, 24, 3, padding=1, groups=24, bias=False)
+        self.bn_dw = nn.BatchNorm2d(24)
         self.se1, self.se2 = nn.Conv2d(24, 8, 1), nn.Conv2d(8, 24, 1)
         self.project = nn.Conv2d(24, 8, 1)
         self.bn2 = nn.BatchNorm2d(8)
         with torch.no_grad():
-            for bn in (self.bn1, self.bn2):
+            for bn in (self.bn1, self.bn_dw, self.bn2):
                 bn.running_mean.uniform_(-0.5, 0.5)
                 bn.running_var.uniform_(0.5, 2.0)
 
     def forward(self, x):
         y = F.hardswish(self.bn1(self.expand(x)))  # the chain's entry: NCHW input
-        y = self.dw(y)
+        y = F.relu(self.bn_dw(self.dw(y)))
         g = F.hardsigmoid(self.se2(F.relu(self.se1(y.mean((2, 3), keepdim=True)))))
         return self.bn2(self.project(y * g)) + x
 
@@ -78,7 +84,7 @@ def test_which_convolutions_are_gemms():
         assert conv_gemm_spec(_conv(**not_a_gemm)) is None, not_a_gemm
 
 
-def test_every_gemm_candidate_of_every_1x1_convolution_is_verified_and_timed(tmp_path):
+def test_every_generated_candidate_of_every_convolution_is_verified_and_timed(tmp_path):
     x = _input()
     found = _found(_model(), x)
     tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=4, cache_dir=tmp_path, jobs=2), FAST,
@@ -87,28 +93,29 @@ def test_every_gemm_candidate_of_every_1x1_convolution_is_verified_and_timed(tmp
         tuner(x)
     finally:
         tuner.close()
-    convs = [ch for ch in tuner.choices.values() if ch.kind == "conv" and ch.desc["kernel"] == [1, 1]]
-    assert len(convs) == 4  # expand, the two SE convolutions, project
+    convs = [ch for ch in tuner.choices.values() if ch.kind == "conv"]
+    assert len(convs) == 5  # expand, depthwise, the two SE convolutions, project
     for ch in convs:
-        gemms = [(t, r) for t, r in zip(ch.candidates, ch.results) if isinstance(t, ConvGemmTactic)]
-        assert 1 <= len(gemms) <= CONV_TILINGS, ch.name
-        for t, r in gemms:  # verified in the kernel sandbox against eager, then timed
+        generated = [(t, r) for t, r in zip(ch.candidates, ch.results) if isinstance(t, (ConvGemmTactic,
+                                                                                          ConvKernelTactic))]
+        assert 1 <= len(generated) <= max(CONV_TILINGS, CONV_KERNEL_TILINGS), ch.name
+        for t, r in generated:  # verified in the kernel sandbox against eager, then timed
             assert r.error is None and r.disqualified is None and r.median_us is not None, (ch.name, r)
             cl = torch.empty(t.out_shape).contiguous(memory_format=torch.channels_last).stride()
             assert same_layout(t.out_shape, r.values["out"].stride, t.out_shape, cl)  # C is the NHWC rows
 
 
-def test_1x1_convolutions_run_as_gemms_in_the_graph(tmp_path, cache, monkeypatch):
-    """Forced to the GEMM candidates (the other steps to channels_last oneDNN): the build's own
-    check and a fresh process match eager; channels_last operands are read as views."""
+def test_convolutions_run_as_generated_kernels_in_the_graph(tmp_path, cache, monkeypatch):
+    """Forced to the generated kernels: the build's own check and a fresh process match eager;
+    channels_last operands are read in place; the libraries are bundle members."""
     real = TacticTuner.decisions
 
     def forced(self):
         out = real(self)
         for s in self.instances:
             names = [t.name for t in self.choices[s.name].candidates]
-            pick = next((i for i, t in enumerate(self.choices[s.name].candidates) if isinstance(t, ConvGemmTactic)),
-                        None)
+            pick = next((i for i, t in enumerate(self.choices[s.name].candidates)
+                         if isinstance(t, (ConvGemmTactic, ConvKernelTactic))), None)
             if pick is None:
                 pick = next((names.index(n) for n in ("onednn_cl", "onednn") if n in names), 0)
             out[id(s)] = pick
@@ -121,7 +128,32 @@ def test_1x1_convolutions_run_as_gemms_in_the_graph(tmp_path, cache, monkeypatch
     res, out = _build(tmp_path, cache, _model(), (_input(),))
     chosen = [ch.candidates[u["chosen_index"]] for ch in res.tactics.values() for u in ch.uses]
     assert sum(isinstance(t, ConvGemmTactic) for t in chosen) == 4
+    assert sum(isinstance(t, ConvKernelTactic) for t in chosen) == 1
     _fresh_process_matches(out, _model(), (_input(),), tmp_path)
+    names = {k.name for k in rt.read_manifest(out).kernels}
+    assert any(n.startswith("dwconv_conv_") for n in names) and sum(n.startswith("gemm_conv_") for n in names) == 4
     run = _member(out, "graph.cpp").decode().split("kRun[]")[1]
     copies = [line for line in run.splitlines() if "aten.clone" in line or "AP_RELAYOUT" in line]
     assert len(copies) == 2, copies  # the NCHW input x, read as the expand's A and the project's residual
+
+
+@pytest.mark.parametrize("x_cl", [False, True], ids=["x-nchw", "x-cl"])
+@pytest.mark.parametrize("w_cl", [False, True], ids=["w-nchw", "w-cl"])
+@pytest.mark.parametrize("case", [((1, 16, 9, 9), (16, 1, 3, 3), 16), ((1, 16, 9, 9), (24, 16, 3, 3), 1),
+                                  ((2, 16, 5, 5), (24, 16, 1, 1), 1), ((1, 16, 1, 1), (8, 16, 1, 1), 1),
+                                  ((2, 8, 5, 5), (8, 2, 3, 3), 4)], ids=["dw", "3x3", "1x1", "se", "grouped"])
+def test_planned_convolution_layout_is_the_cpu_kernels(case, x_cl, w_cl):
+    """ATen's meta convolution says NCHW; the planner predicts what the CPU kernels return."""
+    from ascendc_pack.graph_aten import meta_layouts
+    from ascendc_pack.program import AtenStep, Ref
+
+    xs, ws, groups = case
+    x, w = torch.randn(xs), torch.randn(ws)
+    x = x.contiguous(memory_format=torch.channels_last) if x_cl else x
+    w = w.contiguous(memory_format=torch.channels_last) if w_cl else w
+    args = [Ref("x"), Ref("w"), None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups]
+    step = AtenStep("aten.convolution.default", args, {}, ["y"])
+    specs = {"x": (tuple(x.shape), x.stride(), "float32"), "w": (tuple(w.shape), w.stride(), "float32")}
+    [(shape, stride, _)] = meta_layouts(step, specs.__getitem__)
+    y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+    assert shape == tuple(y.shape) and same_layout(shape, stride, y.shape, y.stride())

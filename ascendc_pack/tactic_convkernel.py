@@ -1,0 +1,249 @@
+"""Generated convolution kernels as tactic candidates of convolution steps (docs/TACTICS.md).
+
+A depthwise convolution (:mod:`ascendc_pack.dwconv`: float32, channel multiplier 1, any kernel
+size, stride, padding and dilation, bias or a folded BatchNorm, a residual ``add`` and one
+activation fused) gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
+generated kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC
+memory (a channels_last ``x``; an NCHW one is copied, which the candidate's timing pays like the
+graph does), a weight repacked at build (``[kh, kw, C]``, the BatchNorm folded in), and writes
+the channels_last output. Like a generated GEMM it is verified in the kernel sandbox before it is
+timed, and a chosen one launches from graph.cpp like a fused kernel, its library a bundle member.
+
+A *family* (:class:`Family`) is what one kernel generator provides: the spec of a step (or None
+when the step is not its kind), planning (candidates + sources), the launcher, the build-time
+weights. Dense direct convolutions plug in as a second family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ascendc_pack_runtime.accuracy import check_tensor
+
+from . import dwconv
+from .candidate import Candidate
+from .compiler import compile_kernels
+from .dwconv_launch import DwConvKernel
+from .gemm import GemmTarget
+from .program import TacticStep, TensorSpec
+from .verify import Arena, launch_checked
+
+log = logging.getLogger("ascendc_pack")
+
+CL = torch.channels_last
+CONV_KERNEL_TILINGS = 1
+"""Tilings of a convolution's generated kernel compiled per step (the cost model's first ones):
+efficientnet_b0 has 16 depthwise convolutions and each tiling is a compile in the cold build; the
+depthwise cost model was fitted to measured candidates (docs/DWCONV.md)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One convolution kernel generator, as the tactic pipeline uses it."""
+
+    name: str
+    spec_of: Callable[[TacticStep], object | None]
+    spec_from_json: Callable[[dict], object]
+    plan: Callable            # (spec, config, target) -> a build with .candidates and .build (KernelBuild)
+    launcher: Callable        # (spec, so_path, kernel_key) -> kernel(x, weight, bias, residual)
+    weights: Callable         # (spec, named weights, affine) -> {"weight": ..., "bias": ...}
+
+
+def _dw_spec(step: TacticStep):
+    d, epi = step.desc, step.desc["epilogue"]
+    n, c, h, w = d["x_shape"]
+    if d["groups"] != c or d["out_channels"] != c or d["dtype"] != "float32" \
+            or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in dwconv.UNARY_OPS):
+        return None
+    epilogue = (("add",) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    try:
+        return dwconv.DwConvSpec.from_conv(f"dwconv_{step.name}", tuple(d["x_shape"]), tuple(d["kernel"]),
+                                           tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]),
+                                           bias=bool(d["bias"] or epi["affine"]), epilogue=epilogue)
+    except dwconv.DwConvSpecError as e:
+        log.debug("no depthwise kernel for %s: %s", step.name, e)
+        return None
+
+
+def _dw_weights(spec, named: dict, affine: bool) -> dict:
+    w, b = named["weight"], named.get("bias")
+    if affine:
+        w, b = dwconv.fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
+    out = {"weight": dwconv.pack_weight(w)}
+    if b is not None:
+        out["bias"] = b.contiguous()
+    return out
+
+
+FAMILIES = {"dwconv": Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel, _dw_weights)}
+
+
+@dataclass(frozen=True)
+class ConvKernelTactic:
+    """One tiling of a convolution step's generated kernel, as a tactic candidate. ``affine``:
+    the step's BatchNorm is still to be folded into the weights (False once lowered)."""
+
+    family: str
+    spec: object
+    candidate: Candidate
+    so_path: str
+    rank: int
+    affine: bool = False
+
+    kind = "conv"
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}#{self.rank}"
+
+    @property
+    def key(self) -> str:
+        return self.candidate.kernel_key
+
+    def param(self, key: str, default=None):
+        return {"layout": "channels_last", "out_layout": "channels_last"}.get(key, default)
+
+    @property
+    def out_shape(self) -> tuple:
+        s = self.spec
+        return (s.n, s.c, s.oh, s.ow)
+
+    def to_json(self) -> dict:
+        c = self.candidate
+        return {"kind": "conv", "name": self.name, "family": self.family, "spec": self.spec.to_json(),
+                "kernel_key": c.kernel_key, "tiling_repr": c.tiling_repr, "workspace": c.workspace,
+                "block_dim": c.block_dim, "affine": self.affine}
+
+    def lowered(self) -> dict:
+        """What a lowered step keeps (``TacticStep.chosen``): its weights are folded and packed,
+        the library's path in the build cache (Python mode; the bundle names its own member)."""
+        return {**self.to_json(), "affine": False, "kernel": self.spec.name, "so_path": self.so_path}
+
+    def kernel_weights(self, named: dict) -> dict:
+        """The weights the kernel reads (``weight`` packed, ``bias``), from the step's weights."""
+        return FAMILIES[self.family].weights(self.spec, named, self.affine)
+
+    @staticmethod
+    def from_lowered(chosen: dict) -> ConvKernelTactic:
+        fam = FAMILIES[chosen["family"]]
+        cand = Candidate(chosen["tiling_repr"], chosen["workspace"], chosen["block_dim"])
+        return ConvKernelTactic(fam.name, fam.spec_from_json(chosen["spec"]), cand, chosen["so_path"], 0, False)
+
+
+def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, tuple[str, object]]:
+    """``(family, build)`` of every convolution step a kernel family takes (by step name), with
+    its first :data:`CONV_KERNEL_TILINGS` candidates rendered."""
+    out = {}
+    target = None
+    cfg = dataclasses.replace(config, topn=min(config.topn, CONV_KERNEL_TILINGS))
+    for s in steps:
+        for fam in FAMILIES.values():
+            spec = fam.spec_of(s) if s.tactic_kind == "conv" else None
+            if spec is not None:
+                target = target or GemmTarget.detect(config.effective_cores, config.march)
+                out[s.name] = (fam.name, fam.plan(spec, cfg, target))
+                break
+    return out
+
+
+def compile_conv_kernel_plans(plans: dict, affine: dict, config, progress=None) -> dict[str, list[ConvKernelTactic]]:
+    """Compile every planned kernel (one ``compile_kernels`` call, cached like fused kernels);
+    the candidates that compiled, as tactics, by step name (``affine[name]``: the step folds a
+    BatchNorm)."""
+    if not plans:
+        return {}
+    out: dict[str, list[ConvKernelTactic]] = {}
+    compiled = compile_kernels([b.build for _, b in plans.values()], config, progress)
+    for (name, (family, b)), ck in zip(plans.items(), compiled):
+        out[name] = []
+        for rank, (cand, cc) in enumerate(zip(b.candidates, ck.candidates)):
+            if not cc.ok:
+                log.info("%s %s candidate #%d did not compile", family, b.spec.name, rank)
+                continue
+            out[name].append(ConvKernelTactic(family, b.spec, cc.candidate, str(cc.so_path), rank, affine[name]))
+    return out
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and t.is_contiguous(memory_format=CL)
+
+
+class ConvKernelRunner:
+    """One candidate on a step's named tensors: weights folded and packed once; :meth:`verify`
+    runs it in the kernel sandbox, and only then may it be called in-process. A call is what the
+    graph runs: the bound launch after the copy of an operand that arrives NCHW."""
+
+    def __init__(self, t: ConvKernelTactic, named: dict):
+        self.t = t
+        self.kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.key)
+        w = t.kernel_weights(named)
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.x_spec = TensorSpec.of(named["x"])
+        ins = [self._nhwc(named["x"]), w["weight"]] + ([w["bias"]] if "bias" in w else [])
+        if "other" in named:
+            ins.append(self._nhwc(named["other"]))
+        self.ins = ins
+        self.out = torch.empty(t.out_shape, memory_format=CL)
+        self._launch = self.kernel.lib.bind(ins, [self.out], None)
+
+    def _nhwc(self, t: torch.Tensor) -> torch.Tensor:
+        if _channels_last(t):
+            return t
+        buf = torch.empty_like(t, memory_format=CL)
+        buf.copy_(t)
+        self._copies.append((buf, t))
+        return buf
+
+    def __call__(self) -> torch.Tensor:
+        for dst, src in self._copies:
+            dst.copy_(src)
+        if self._launch() != 0:
+            raise RuntimeError(f"{self.t.family} {self.t.spec.name} ({self.t.key}) failed")
+        return self.out
+
+    def verify(self, expected: torch.Tensor, ref64, sandbox, timeout_s: float) -> dict | None:
+        """Run the candidate once in the kernel sandbox; None if its output matches the
+        reference by the accuracy rule, else the disqualification record."""
+        arena = Arena(self.ins, [(self.t.out_shape, torch.float32, self.out.stride())])
+        try:
+            bad = launch_checked(sandbox, self.t.so_path, arena, self.t.candidate.workspace, timeout_s)
+            if bad is not None:
+                return _verdict(bad.reason, bad.detail)
+            got = arena.outputs[0].clone()
+        finally:
+            arena.close()
+        check = check_tensor("output", expected.reshape(got.shape), got,
+                             ref64.reshape(got.shape) if ref64 is not None else None)
+        if not check.ok:
+            return {**_verdict("wrong result", check.problem), "max_error": check.max_error, "allowed": check.allowed}
+        return None
+
+    def values(self) -> dict[str, TensorSpec]:
+        return {"x": self.x_spec, "out": TensorSpec.of(self.out)}
+
+
+def lowered_conv_kernel_runner(chosen: dict, named: dict):
+    """Python mode of a lowered step (``TacticStep.chosen``; ``named`` holds the packed weight):
+    returns ``run(named) -> the step's output`` (channels_last)."""
+    t = ConvKernelTactic.from_lowered(chosen)
+    kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.key)
+
+    def run(named: dict) -> torch.Tensor:
+        nhwc = {n: (v if _channels_last(v) else v.contiguous(memory_format=CL))
+                for n, v in named.items() if n in ("x", "other")}
+        return kernel(nhwc["x"], named["weight"], named.get("bias"), nhwc.get("other"))
+
+    return run
+
+
+def _verdict(reason: str, detail: str) -> dict:
+    return {"reason": reason, "detail": detail, "output": None, "max_error": None, "allowed": None}
+
+
+__all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels",
+           "compile_conv_kernel_plans", "lowered_conv_kernel_runner", "CONV_KERNEL_TILINGS"]
