@@ -23,15 +23,13 @@ from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime.accuracy import check_tensor
-
 from . import dwconv
 from .candidate import Candidate
 from .compiler import compile_kernels
 from .dwconv_launch import DwConvKernel
 from .gemm import GemmTarget
 from .program import TacticStep, TensorSpec
-from .verify import Arena, launch_checked
+from .verify import verify_in_sandbox
 
 log = logging.getLogger("ascendc_pack")
 
@@ -209,19 +207,8 @@ class ConvKernelRunner:
     def verify(self, expected: torch.Tensor, ref64, sandbox, timeout_s: float) -> dict | None:
         """Run the candidate once in the kernel sandbox; None if its output matches the
         reference by the accuracy rule, else the disqualification record."""
-        arena = Arena(self.ins, [(self.t.out_shape, torch.float32, self.out.stride())])
-        try:
-            bad = launch_checked(sandbox, self.t.so_path, arena, self.t.candidate.workspace, timeout_s)
-            if bad is not None:
-                return _verdict(bad.reason, bad.detail)
-            got = arena.outputs[0].clone()
-        finally:
-            arena.close()
-        check = check_tensor("output", expected.reshape(got.shape), got,
-                             ref64.reshape(got.shape) if ref64 is not None else None)
-        if not check.ok:
-            return {**_verdict("wrong result", check.problem), "max_error": check.max_error, "allowed": check.allowed}
-        return None
+        return verify_in_sandbox(sandbox, self.t.so_path, self.t.candidate.workspace, self.ins,
+                                 (self.t.out_shape, torch.float32, self.out.stride()), timeout_s, expected, ref64)
 
     def values(self) -> dict[str, TensorSpec]:
         return {"x": self.x_spec, "out": TensorSpec.of(self.out)}
@@ -239,10 +226,6 @@ def lowered_conv_kernel_runner(chosen: dict, named: dict):
         return kernel(nhwc["x"], named["weight"], named.get("bias"), nhwc.get("other"))
 
     return run
-
-
-def _verdict(reason: str, detail: str) -> dict:
-    return {"reason": reason, "detail": detail, "output": None, "max_error": None, "allowed": None}
 
 
 __all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels",

@@ -28,14 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ascendc_pack_runtime.accuracy import check_tensor
-
 from .candidate import Candidate
 from .compiler import compile_kernels
 from .gemm import DTYPES, GemmSpec, GemmTarget, plan
 from .gemm_launch import GemmKernel, PackedB, logical_b
 from .program import TacticStep, TensorSpec
-from .verify import Arena, launch_checked
+from .verify import verify_in_sandbox
 
 log = logging.getLogger("ascendc_pack")
 
@@ -274,20 +272,9 @@ class GemmRunner:
         spec = self.gt.spec
         b = self.b.data if isinstance(self.b, PackedB) else logical_b(spec, self.b)
         ins = [self.a, b] + ([self.bias] if self.bias is not None else []) + self.residuals
-        arena = Arena(ins, [((spec.m, spec.n), DTYPES[spec.dtype][1])])
-        try:
-            bad = launch_checked(sandbox, self.gt.so_path, arena, self.gt.candidate.workspace, timeout_s)
-            if bad is not None:
-                return _verdict(bad.reason, bad.detail)
-            got = arena.outputs[0].clone()
-        finally:
-            arena.close()
-        n = spec.n
-        want = self.gt.rows(expected, n)
-        check = check_tensor("output", want, got, self.gt.rows(ref64, n) if ref64 is not None else None)
-        if not check.ok:
-            return {**_verdict("wrong result", check.problem), "max_error": check.max_error, "allowed": check.allowed}
-        return None
+        return verify_in_sandbox(sandbox, self.gt.so_path, self.gt.candidate.workspace, ins,
+                                 ((spec.m, spec.n), DTYPES[spec.dtype][1]), timeout_s, expected, ref64,
+                                 lambda t: self.gt.rows(t, spec.n))
 
     def values(self) -> dict[str, TensorSpec]:
         spec = self.gt.spec
@@ -318,10 +305,6 @@ def lowered_gemm_runner(chosen: dict, named: dict):
         return gt.result(kernel(gt.rows(named["x"], k), b, named.get("bias"), res))
 
     return run
-
-
-def _verdict(reason: str, detail: str) -> dict:
-    return {"reason": reason, "detail": detail, "output": None, "max_error": None, "allowed": None}
 
 
 __all__ = ["GemmTactic", "ConvGemmTactic", "GemmRunner", "GemmPlan", "gemm_spec", "conv_gemm_spec", "plan_gemms",

@@ -351,6 +351,33 @@ def launch_checked(sandbox: KernelSandbox, so_path, arena: _Arena, workspace: in
     return None
 
 
+def verify_in_sandbox(sandbox: KernelSandbox, so_path, workspace: int, inputs: list[torch.Tensor], out_spec: tuple,
+                      timeout: float, expected: torch.Tensor, ref64: torch.Tensor | None, as_output=None) -> dict | None:
+    """One generated kernel's candidate run once in ``sandbox`` on ``inputs`` (its one output
+    ``out_spec``: ``(shape, dtype[, stride])``) and compared with ``expected`` by the accuracy
+    rule (``ref64``: the float64 second look; ``as_output`` maps both to the output's form).
+    None when it passed, else the disqualification record of a tactic candidate."""
+    from ascendc_pack_runtime.accuracy import check_tensor
+
+    arena = _Arena(inputs, [out_spec])
+    try:
+        bad = launch_checked(sandbox, so_path, arena, workspace, timeout)
+        if bad is not None:
+            return _record(bad.reason, bad.detail)
+        got = arena.outputs[0].clone()
+    finally:
+        arena.close()
+    view = as_output or (lambda t: t.reshape(got.shape))
+    check = check_tensor("output", view(expected), got, view(ref64) if ref64 is not None else None)
+    if not check.ok:
+        return {**_record("wrong result", check.problem), "max_error": check.max_error, "allowed": check.allowed}
+    return None
+
+
+def _record(reason: str, detail: str) -> dict:
+    return {"reason": reason, "detail": detail, "output": None, "max_error": None, "allowed": None}
+
+
 def _verify_one(step: FusedStep, runner, arena: _Arena, reference: list[torch.Tensor], sandbox: KernelSandbox,
                 timeout: float) -> Disqualification | None:
     bad = launch_checked(sandbox, runner.lib.path, arena, runner.lib.workspace, timeout)
