@@ -43,9 +43,11 @@ MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/gemm.cpp.j2"
 DTYPES = {"float32": ("float", torch.float32), "bfloat16": ("uint16_t", torch.bfloat16),
           "float16": ("uint16_t", torch.float16)}
-EPILOGUE_OPS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid", "add")
-"""Pointwise steps a GEMM can fuse, applied in order after the bias; ``add`` adds the next
-residual input (a tensor broadcastable to [batch, M, N], strides in the spec)."""
+RESIDUAL_OPS = ("add", "mul")
+EPILOGUE_OPS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid") + RESIDUAL_OPS
+"""Pointwise steps a GEMM can fuse, applied in order after the bias; ``add`` / ``mul`` add /
+multiply by the next residual input (a tensor broadcastable to [batch, M, N], strides in the
+spec; ``mul``: e.g. a gated MLP's ``up(x) * silu(gate(x))``)."""
 
 # C statement of each epilogue step on the float `v` (torch's formulas, kernel_math.h functions)
 _EPILOGUE_C = {
@@ -125,11 +127,11 @@ class GemmSpec:
         object.__setattr__(self, "epilogue", tuple(self.epilogue))
         object.__setattr__(self, "a_strides", self._strides("a_strides", self.a_strides, (m * k, k, 1)))
         object.__setattr__(self, "b_strides", self._strides("b_strides", self.b_strides, (k * n, n, 1)))
-        n_add = self.epilogue.count("add")
-        res = ((m * n, n, 1),) * n_add if self.residual_strides is None else \
+        n_res = self.n_residuals
+        res = ((m * n, n, 1),) * n_res if self.residual_strides is None else \
             tuple(self._strides("residual_strides", r, None) for r in self.residual_strides)
-        if len(res) != n_add:
-            raise GemmSpecError(f"GEMM {self.name}: {n_add} 'add' epilogue step(s) need as many residual "
+        if len(res) != n_res:
+            raise GemmSpecError(f"GEMM {self.name}: {n_res} 'add'/'mul' epilogue step(s) need as many residual "
                                 f"stride triples, got {len(res)}")
         if self.batch == 1:  # the batch stride of a single batch is meaningless: keep one spelling
             res = tuple((0,) + r[1:] for r in res)
@@ -179,6 +181,11 @@ class GemmSpec:
     @property
     def n_inputs(self) -> int:
         return 2 + int(self.bias) + len(self.residual_strides)
+
+    @property
+    def n_residuals(self) -> int:
+        """Residual inputs the epilogue reads (one per ``add`` / ``mul``)."""
+        return sum(op in RESIDUAL_OPS for op in self.epilogue)
 
     def to_json(self) -> dict:
         return {**asdict(self), "epilogue": list(self.epilogue)}
@@ -307,7 +314,7 @@ def workspace_bytes(spec: GemmSpec, t: GemmTiling) -> int:
 
 
 _EPI_CYCLES = {"relu": 1, "gelu": 12, "gelu_tanh": 12, "silu": 10, "sigmoid": 10, "hardswish": 3, "hardsigmoid": 2,
-               "add": 1}
+               "add": 1, "mul": 1}
 # Fraction of FMA peak a register block reaches in its k loop, by vectors per row, for blocks of
 # up to 4 rows and of 6 or more (measured single-threaded, 128x256x256, on the AVX-512 host this
 # was written on: few rows re-stream the B panel and broadcast more per FMA)
@@ -363,7 +370,7 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     b_batches = spec.batch if spec.b_strides[0] else 1
     b_bytes = b_batches * _round_up(n, t.nr) * k * 4
     elem = 4 if spec.dtype == "float32" else 2
-    c_bytes = spec.batch * m * n * elem * (1 + spec.epilogue.count("add"))
+    c_bytes = spec.batch * m * n * elem * (1 + spec.n_residuals)
     traffic = b_bytes * mb + spec.batch * m * k * elem * nb + c_bytes
     gbps = 80.0 if b_bytes <= target.l2 * 0.5 * nt else 30.0
     us = max(us, traffic / (gbps * 1e3 * min(nt, len(tasks))))
@@ -447,9 +454,9 @@ def _epilogue_lines(spec: GemmSpec) -> list[str]:
     rnd = ["v = rnd(v);"] if spec.dtype != "float32" else []
     lines = (["v += to_f32(g.bias[n]);"] if spec.bias else []) + rnd
     for j, op in enumerate(spec.epilogue):
-        i = spec.epilogue[:j].count("add")  # the residual input an add reads
-        lines += [_EPILOGUE_C[op] if op != "add" else
-                  f"v += to_f32(g.res{i}[bb * SR{i}_B + m * SR{i}_M + n * SR{i}_N]);"] + rnd
+        i = sum(o in RESIDUAL_OPS for o in spec.epilogue[:j])  # the residual input an add/mul reads
+        lines += [_EPILOGUE_C[op] if op not in RESIDUAL_OPS else
+                  f"v {'+' if op == 'add' else '*'}= to_f32(g.res{i}[bb * SR{i}_B + m * SR{i}_M + n * SR{i}_N]);"] + rnd
     return lines
 
 

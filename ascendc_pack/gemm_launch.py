@@ -132,6 +132,8 @@ def eager_reference(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, bias=None,
     for op in s.epilogue:
         if op == "add":
             y = y + next(res)
+        elif op == "mul":
+            y = y * next(res)
         elif op == "gelu":
             y = F.gelu(y)
         elif op == "gelu_tanh":

@@ -189,7 +189,7 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     ins.append(w)
     if spec["bias"]:
         ins.append(env[step.bind["bias"]])
-    if "add" in spec["epilogue"]:
+    if any(op in ("add", "mul") for op in spec["epilogue"]):  # its residual input
         ins.append(operand("other", (m, n)))
     if ref.n_inputs != len(ins) or ref.n_outputs != 1:
         raise RenderError(f"GEMM {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")

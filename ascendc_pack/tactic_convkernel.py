@@ -49,7 +49,7 @@ class Family:
     spec_from_json: Callable[[dict], object]
     plan: Callable            # (spec, config, target) -> a build with .candidates and .build (KernelBuild)
     launcher: Callable        # (spec, so_path, kernel_key) -> kernel(x, weight, bias, residual)
-    weights: Callable         # (spec, named weights, affine) -> {"weight": ..., "bias": ...}
+    weights: Callable         # (spec, candidate, named weights, affine) -> {"weight": ..., "bias": ...}
 
 
 def _dw_spec(step: TacticStep):
@@ -68,7 +68,7 @@ def _dw_spec(step: TacticStep):
         return None
 
 
-def _dw_weights(spec, named: dict, affine: bool) -> dict:
+def _dw_weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
     w, b = named["weight"], named.get("bias")
     if affine:
         w, b = dwconv.fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
@@ -124,7 +124,7 @@ class ConvKernelTactic:
 
     def kernel_weights(self, named: dict) -> dict:
         """The weights the kernel reads (``weight`` packed, ``bias``), from the step's weights."""
-        return FAMILIES[self.family].weights(self.spec, named, self.affine)
+        return FAMILIES[self.family].weights(self.spec, self.candidate, named, self.affine)
 
     @staticmethod
     def from_lowered(chosen: dict) -> ConvKernelTactic:

@@ -30,7 +30,7 @@ import torch
 
 from .candidate import Candidate
 from .compiler import compile_kernels
-from .gemm import DTYPES, GemmSpec, GemmTarget, plan
+from .gemm import DTYPES, RESIDUAL_OPS, GemmSpec, GemmTarget, plan
 from .gemm_launch import GemmKernel, PackedB, logical_b
 from .program import TacticStep, TensorSpec
 from .verify import verify_in_sandbox
@@ -153,11 +153,11 @@ def conv_gemm_spec(step: TacticStep) -> GemmSpec | None:
     """The GEMM a float32 1x1 convolution step is (stride 1, no padding, one group), or None."""
     d, epi = step.desc, step.desc["epilogue"]
     if tuple(d["kernel"]) != (1, 1) or tuple(d["stride"]) != (1, 1) or tuple(d["padding"]) != (0, 0) \
-            or d["groups"] != 1 or d["dtype"] != "float32" or epi["binary"] not in (None, "add") \
+            or d["groups"] != 1 or d["dtype"] != "float32" or epi["binary"] not in (None, *RESIDUAL_OPS) \
             or epi["unary"] not in (None, *CONV_UNARY):
         return None
     n, c, h, w = d["x_shape"]
-    epilogue = (("add",) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    epilogue = ((epi["binary"],) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
     return GemmSpec(f"gemm_{step.name}", n * h * w, d["out_channels"], c, 1, "float32", None, (0, 1, c), True,
                     bool(d["bias"] or epi["affine"]), epilogue)
 
@@ -168,14 +168,14 @@ def gemm_spec(step: TacticStep, values: dict) -> GemmSpec | None:
     if step.tactic_kind == "conv":
         return conv_gemm_spec(step)
     d, epi = step.desc, step.desc["epilogue"]
-    if d["dtype"] not in DTYPES or epi["affine"] or epi["binary"] not in (None, "add") \
+    if d["dtype"] not in DTYPES or epi["affine"] or epi["binary"] not in (None, *RESIDUAL_OPS) \
             or epi["unary"] not in (None, *UNARY):
         return None
     w = values[step.bind["weight"]]
     stride = w.stride or (w.shape[1], 1)
     rows, cols = stride  # the weight as held: [n, k] (nk) or [k, n] (kn)
     b_strides = (0, cols, rows) if d["weight_layout"] == "nk" else (0, rows, cols)
-    epilogue = (("add",) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    epilogue = ((epi["binary"],) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
     return GemmSpec(f"gemm_{step.name}", d["m"], d["n"], d["k"], 1, d["dtype"], None, b_strides, True, d["bias"],
                     epilogue)
 

@@ -38,6 +38,7 @@ CASES = [
     GemmSpec.linear("skinny_nk", 1, 203, 77, epilogue=("gelu_tanh",)),
     GemmSpec.matmul("skinny_kn", 1, 203, 77, epilogue=("sigmoid",)),
     GemmSpec.linear("square_nk", 256, 256, 256, epilogue=("add",)),
+    GemmSpec.linear("gated_mul_nk", 37, 61, 29, bias=True, epilogue=("mul", "relu")),  # Llama's up(x) * gate
     GemmSpec.matmul("square_kn", 256, 256, 256, epilogue=("relu",)),
     GemmSpec.linear("klarge_nk", 8, 40, 2000),
     GemmSpec.matmul("klarge_kn", 9, 37, 1500, epilogue=("gelu",)),

@@ -349,3 +349,28 @@ def test_manifest_tactic_entries_round_trip_and_are_checked():
     bad["uses"][0]["chosen_index"] = 5
     with pytest.raises(ManifestFieldError, match=r"uses\[0\]\.chosen_index"):
         contract.TacticStep.from_json(bad, "tactics[0]")
+
+
+def test_gated_mlp_multiplies_in_the_gemm_epilogue(tmp_path, cache, monkeypatch):
+    """Llama's ``down(silu(gate(x)) * up(x))``: the up projection's GEMM multiplies by the gate in
+    its epilogue (``mul``); every GEMM candidate is verified, and the bundle forced to them matches."""
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up, self.down = nn.Linear(16, 40), nn.Linear(16, 40, bias=False), nn.Linear(40, 16)
+
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    monkeypatch.setattr(TacticTuner, "decisions", lambda self: {
+        id(s): next((i for i, t in enumerate(self.choices[s.name].candidates) if isinstance(t, GemmTactic)), 0)
+        for s in self.instances})
+    torch.manual_seed(0)
+    model, x = Gated().eval(), torch.randn(2, 6, 16)
+    res, out = _build(tmp_path, cache, model, (x,))
+    (up,) = [ch for ch in res.tactics.values() if ch.desc["epilogue"]["binary"] == "mul"]
+    gemms = [(t, r) for t, r in zip(up.candidates, up.results) if isinstance(t, GemmTactic)]
+    assert gemms and all(t.spec.epilogue == ("mul",) and r.error is None for t, r in gemms)
+    assert all(isinstance(ch.candidates[u["chosen_index"]], GemmTactic) for ch in res.tactics.values() for u in ch.uses)
+    _fresh_process_matches(out, model, (x,), tmp_path)
