@@ -64,17 +64,7 @@ _ONEDNN_ATTR = {(): ("none", None), ("relu",): ("relu", None), ("gelu",): ("gelu
 
 def bound_launch(kernel: GemmKernel, args: list[torch.Tensor], out: torch.Tensor, max_threads: int):
     """A zero-argument callable running the kernel with its pointers bound once."""
-    lib = kernel.lib
-    ins = lib._ptr_in(*[t.data_ptr() for t in args])
-    outs = lib._ptr_out(out.data_ptr())
-    ws = kernel._workspace.data_ptr() if kernel._workspace is not None else None
-    fn = lib._launch
-    keep = (kernel, args, out)  # the pointers stay valid as long as the callable lives
-
-    def launch():
-        return fn(ins, outs, ws, max_threads) if keep else None
-
-    return launch
+    return kernel.lib.bind(args, [out], kernel.workspace_buffer, max_threads)
 
 
 CLOCK = time.perf_counter  # --clock cpu: time.thread_time (1 thread only: CPU time of this thread)
