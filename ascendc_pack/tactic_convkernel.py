@@ -29,6 +29,7 @@ from .compiler import compile_kernels
 from .dwconv_launch import DwConvKernel
 from .gemm import GemmTarget
 from .program import TacticStep, TensorSpec
+from .tactic_gemm import epilogue_steps
 from .verify import verify_in_sandbox
 
 log = logging.getLogger("ascendc_pack")
@@ -58,7 +59,7 @@ def _dw_spec(step: TacticStep):
     if d["groups"] != c or d["out_channels"] != c or d["dtype"] != "float32" \
             or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in dwconv.UNARY_OPS):
         return None
-    epilogue = (("add",) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    epilogue = epilogue_steps(epi)
     try:
         return dwconv.DwConvSpec.from_conv(f"dwconv_{step.name}", tuple(d["x_shape"]), tuple(d["kernel"]),
                                            tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]),

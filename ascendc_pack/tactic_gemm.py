@@ -149,6 +149,12 @@ def conv_gemm_weights(spec: GemmSpec, affine: bool, named: dict) -> dict:
     return out
 
 
+def epilogue_steps(epi: dict) -> tuple[str, ...]:
+    """A step's epilogue (``{"binary", "unary"}``; bias and affine go elsewhere) as a generated
+    kernel's steps: the binary with the residual, then the activation."""
+    return ((epi["binary"],) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+
+
 def conv_gemm_spec(step: TacticStep) -> GemmSpec | None:
     """The GEMM a float32 1x1 convolution step is (stride 1, no padding, one group), or None."""
     d, epi = step.desc, step.desc["epilogue"]
@@ -157,7 +163,7 @@ def conv_gemm_spec(step: TacticStep) -> GemmSpec | None:
             or epi["unary"] not in (None, *CONV_UNARY):
         return None
     n, c, h, w = d["x_shape"]
-    epilogue = ((epi["binary"],) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    epilogue = epilogue_steps(epi)
     return GemmSpec(f"gemm_{step.name}", n * h * w, d["out_channels"], c, 1, "float32", None, (0, 1, c), True,
                     bool(d["bias"] or epi["affine"]), epilogue)
 
@@ -175,7 +181,7 @@ def gemm_spec(step: TacticStep, values: dict) -> GemmSpec | None:
     stride = w.stride or (w.shape[1], 1)
     rows, cols = stride  # the weight as held: [n, k] (nk) or [k, n] (kn)
     b_strides = (0, cols, rows) if d["weight_layout"] == "nk" else (0, rows, cols)
-    epilogue = ((epi["binary"],) if epi["binary"] else ()) + ((epi["unary"],) if epi["unary"] else ())
+    epilogue = epilogue_steps(epi)
     return GemmSpec(f"gemm_{step.name}", d["m"], d["n"], d["k"], 1, d["dtype"], None, b_strides, True, d["bias"],
                     epilogue)
 
@@ -309,4 +315,4 @@ def lowered_gemm_runner(chosen: dict, named: dict):
 
 __all__ = ["GemmTactic", "ConvGemmTactic", "GemmRunner", "GemmPlan", "gemm_spec", "conv_gemm_spec", "plan_gemms",
            "compile_gemm_plans", "lowered_gemm_runner", "lowered_tactic", "rows_nchw",
-           "conv_gemm_weights", "CONV_TILINGS"]
+           "conv_gemm_weights", "epilogue_steps", "CONV_TILINGS"]
