@@ -20,6 +20,7 @@ the details.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -396,12 +397,28 @@ def _space(spec: DwConvSpec, target: GemmTarget) -> list[DwConvTiling]:
     return out
 
 
+def _varied(cands: list[DwConvCandidate]) -> list[DwConvCandidate]:
+    """``cands`` (sorted by estimate) reordered for PGO: the best three channel blocks and the
+    best three column blocks first, then the rest by estimate."""
+    ranked: dict[int, DwConvCandidate] = {}  # by id: insertion-ordered, no deep comparisons
+    for kind in (lambda t: t.cb, lambda t: t.owb):
+        firsts: dict[int, DwConvCandidate] = {}
+        for c in cands:
+            firsts.setdefault(kind(c.tiling), c)
+        for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
+            ranked.setdefault(id(c), c)
+    for c in cands:
+        ranked.setdefault(id(c), c)
+    return list(ranked.values())
+
+
 def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[DwConvCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, never more
     threads than ``target.cores``. Multi-thread candidates appear only where the best
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
-    ``PAYOFF_MARGIN`` of it; the list keeps variety for PGO (the best of every thread count and
-    every channel block come before the runners-up)."""
+    ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: every thread count gets an equal
+    share (the cost model cannot know whether the other cores are busy), and within one the best
+    few channel and column blocks come before the runners-up."""
     scored, seen = [], set()
     for t in _space(spec, target):
         cand = Candidate(t.tiling_repr, 0, t.bd)
@@ -412,17 +429,10 @@ def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) ->
     scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
                                                         and c.est_us <= PAYOFF_MARGIN * single)]
     scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
-    ranked: dict[int, DwConvCandidate] = {}
-    for kind in (lambda t: t.bd, lambda t: t.cb, lambda t: t.owb):
-        firsts = {}
-        for c in scored:
-            firsts.setdefault(kind(c.tiling), c)
-        for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
-            ranked.setdefault(id(c), c)
-    for c in scored:
-        ranked.setdefault(id(c), c)
-    return sorted(list(ranked.values())[:max(1, min(topn, MAX_CANDIDATES))],
-                  key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
+    groups.sort(key=lambda g: g[0].est_us)
+    picked = [c for row in itertools.zip_longest(*groups) for c in row if c is not None]
+    return sorted(picked[:max(1, min(topn, MAX_CANDIDATES))], key=lambda c: (c.est_us, c.candidate.tiling_repr))
 
 
 # ----------------------------------------------------------------------------- render + build
