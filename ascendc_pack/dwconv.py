@@ -20,6 +20,7 @@ the details.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -278,8 +279,10 @@ def channel_parts(c: int, cb: int, lanes: int) -> list[ChannelPart]:
     return parts
 
 
-_UNARY_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "gelu": 12, "gelu_tanh": 12,
-                 "silu": 10, "sigmoid": 10, "tanh": 12, "add": 1}
+# cycles per vector of each epilogue step: in registers (the vector steps) or in the row pass
+# (the lane steps; measured standalone on the build host: silu ~1 ns per float)
+_STEP_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "add": 1, "silu": 24, "sigmoid": 30,
+                "tanh": 30, "gelu_tanh": 35, "gelu": 60}
 # Machine constants of the estimate (cycles unless named otherwise). Rank only: fitted to the
 # measured times of every single-thread candidate of 15 mobilenet / efficientnet shapes on the
 # build host (AVX2, Zen 3), see docs/DWCONV.md
@@ -316,7 +319,9 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
     row_taps = sum(_axis_taps(spec.oh, *rows)) / spec.oh
     col_taps = _axis_taps(spec.ow, *cols)
     lo, hi = spec.interior_cols
-    epi = 1 + int(spec.bias) + sum(_UNARY_CYCLES[op] for op in spec.epilogue)
+    vector, _ = _epilogue(spec)
+    steps = sum(_STEP_CYCLES[op] for op in spec.epilogue)
+    epi = 1 + int(spec.bias) + (steps if vector else 0)  # per vector, in the register blocks
     row_cycles = 0.0  # one output row, every channel
     for part in channel_parts(spec.c, t.cb, t.lanes):
         for a, b, edge in ((0, lo, True), (lo, hi, False), (hi, spec.ow, True)):
@@ -329,6 +334,8 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
                 taps = sum(col_taps[ow0:ow0 + p]) / p if count else 0
                 row_cycles += count * part.blocks * (row_taps * _block_cycles(p, part.vectors, taps, spec.kw, edge)
                                                      + BLOCK_CYCLES + p * part.vectors * epi)
+    if not vector:  # the row pass of the lane steps: every vector of the row, loaded and stored
+        row_cycles += spec.ow * -(-spec.c // t.lanes) * (steps + 2)
     tasks = spec.n * -(-spec.oh // t.rb)
     rows = -(-tasks // t.bd) * min(t.rb, spec.oh)  # output rows of the busiest thread
     compute = rows * row_cycles / (target.ghz * 1e3)
@@ -348,9 +355,10 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
         return 1.0 if footprint <= target.l2 * 0.5 else max(1.0, 64 / (t.cb * 4))
 
     x_rows = (task_rows - 1) * spec.stride[0] + kh_ext
+    y_passes = passes(task_rows * spec.ow * spec.c * 4)
+    y_passes += 0 if vector or y_passes == 1 else 2  # the row pass reads and writes it again
     nbytes = 4 * spec.c * spec.n * (spec.h * spec.w * passes(x_rows * spec.w * spec.c * 4)
-                                    + spec.oh * spec.ow * (1 + int(spec.residual))
-                                    * passes(task_rows * spec.ow * spec.c * 4))
+                                    + spec.oh * spec.ow * (int(spec.residual) + y_passes))
     whole = 4 * spec.c * spec.n * (spec.h * spec.w + spec.oh * spec.ow)
     gbps = MEM_GBPS * (3.0 if whole <= target.l2 * 0.5 * t.bd else 1.0)
     mem = nbytes / (gbps * 1e3 * min(t.bd, tasks) ** 0.8)
@@ -389,12 +397,28 @@ def _space(spec: DwConvSpec, target: GemmTarget) -> list[DwConvTiling]:
     return out
 
 
+def _varied(cands: list[DwConvCandidate]) -> list[DwConvCandidate]:
+    """``cands`` (sorted by estimate) reordered for PGO: the best three channel blocks and the
+    best three column blocks first, then the rest by estimate."""
+    ranked: dict[int, DwConvCandidate] = {}  # by id: insertion-ordered, no deep comparisons
+    for kind in (lambda t: t.cb, lambda t: t.owb):
+        firsts: dict[int, DwConvCandidate] = {}
+        for c in cands:
+            firsts.setdefault(kind(c.tiling), c)
+        for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
+            ranked.setdefault(id(c), c)
+    for c in cands:
+        ranked.setdefault(id(c), c)
+    return list(ranked.values())
+
+
 def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[DwConvCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, never more
     threads than ``target.cores``. Multi-thread candidates appear only where the best
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
-    ``PAYOFF_MARGIN`` of it; the list keeps variety for PGO (the best of every thread count and
-    every channel block come before the runners-up)."""
+    ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: every thread count gets an equal
+    share (the cost model cannot know whether the other cores are busy), and within one the best
+    few channel and column blocks come before the runners-up."""
     scored, seen = [], set()
     for t in _space(spec, target):
         cand = Candidate(t.tiling_repr, 0, t.bd)
@@ -405,26 +429,22 @@ def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) ->
     scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
                                                         and c.est_us <= PAYOFF_MARGIN * single)]
     scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
-    ranked: dict[int, DwConvCandidate] = {}
-    for kind in (lambda t: t.bd, lambda t: t.cb, lambda t: t.owb):
-        firsts = {}
-        for c in scored:
-            firsts.setdefault(kind(c.tiling), c)
-        for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
-            ranked.setdefault(id(c), c)
-    for c in scored:
-        ranked.setdefault(id(c), c)
-    return sorted(list(ranked.values())[:max(1, min(topn, MAX_CANDIDATES))],
-                  key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
+    groups.sort(key=lambda g: g[0].est_us)
+    picked = [c for row in itertools.zip_longest(*groups) for c in row if c is not None]
+    return sorted(picked[:max(1, min(topn, MAX_CANDIDATES))], key=lambda c: (c.est_us, c.candidate.tiling_repr))
 
 
 # ----------------------------------------------------------------------------- render + build
 
 
 def _epilogue(spec: DwConvSpec) -> tuple[bool, list[str]]:
-    """(whether the steps run on whole vectors, their C statements on ``v``). Vector statements
-    read the residual as ``ld<L>(rp)``; lane statements (inside ``#pragma omp simd``) as
-    ``rp[j]``."""
+    """(whether the steps run in the register blocks, their C statements on ``v``). Steps of
+    plain arithmetic (:data:`_VECTOR_OPS`) run on the accumulator vectors before the store and
+    read the residual as ``ld<L>(rp)``; with any step of kernel_math.h (exp, erf, tanh) every
+    step runs in one ``#pragma omp simd`` pass over each finished output row (all channels,
+    contiguous; in L1/L2 by then) reading ``rp[j]``: measured 10-25 % faster than a lane loop
+    per register block, whose short loops do not overlap the next block's FMAs."""
     vector = all(op in _VECTOR_OPS for op in spec.epilogue)
     res = "v += ld<L>(rp);" if vector else "v += rp[j];"
     return vector, [res if op == "add" else _UNARY_C[op] for op in spec.epilogue]
@@ -438,7 +458,7 @@ def render(spec: DwConvSpec, cand: DwConvCandidate, isa: str) -> str:
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
         block_dim=c.block_dim, isa=isa, s=spec, t=t, oh=spec.oh, ow=spec.ow, rows=spec.interior_rows,
         cols=spec.interior_cols, parts=channel_parts(spec.c, t.cb, t.lanes), n_inputs=spec.n_inputs,
-        vector_epilogue=vector, steps=steps, tail_lanes=sorted({p.lanes for p in channel_parts(spec.c, t.cb, t.lanes)}))
+        vector_epilogue=vector, steps=steps)
 
 
 TEMPLATE_VERSION = _template_version()
