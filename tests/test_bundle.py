@@ -228,7 +228,7 @@ def test_rebuild_reuses_graph_and_is_byte_identical(built, tmp_path):
 
 
 ZOO = '''
-"""ATen fallbacks with every kind of argument, a relayout, dict outputs, a mutated input."""
+"""ATen fallbacks with every kind of argument, dict outputs, a mutated input."""
 import torch
 from torch import nn
 
@@ -279,7 +279,9 @@ def zoo(built, tmp_path_factory):
 
 def test_aten_fallbacks_of_every_argument_kind(zoo, tmp_path):
     stats = zoo.report.graph_source.stats
-    assert stats["steps"]["relayout"] == 1 and stats["steps"]["aten_out"] > 0
+    # the transposed product is stored as eager lays it out, so the sort and the `+ 1` after it
+    # read it as planned: no relayout (a kernel output stored contiguously cost one here)
+    assert stats["steps"]["relayout"] == 0 and stats["steps"]["aten_out"] > 0
     model = rt.load(zoo.bundle, cache_dir=tmp_path)
     eager_in, run_in = clone_inputs(zoo.loaded.example_inputs), clone_inputs(zoo.loaded.example_inputs)
     with torch.no_grad():
