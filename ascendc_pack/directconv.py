@@ -274,6 +274,26 @@ class ConvTiling:
 _TILING_FIELDS = sorted(f.name for f in fields(ConvTiling))
 
 
+def check_tiling(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> None:
+    """Raise :class:`ConvSpecError` unless ``t`` is a tiling the template can build for
+    ``spec`` on ``target`` (vector width, register file, thread limit)."""
+    problems = []
+    if t.lanes != target.lanes:
+        problems.append(f"lanes={t.lanes}, the target's vectors hold {target.lanes} floats")
+    if t.ocb < t.lanes or t.ocb % t.lanes:
+        problems.append(f"ocb={t.ocb} is not a positive multiple of lanes={t.lanes}")
+    if min(t.owb, t.kc, t.rb, t.bd) < 1:
+        problems.append("owb, kc, rb and bd must be >= 1")
+    elif (t.owb * (t.ocb // t.lanes) * (2 if t.owb * t.ocb // t.lanes < 8 else 1) + t.ocb // t.lanes + 1
+          > target.registers):
+        problems.append(f"owb={t.owb} x ocb/lanes={t.ocb // t.lanes} accumulators, the weight vectors and a "
+                        f"broadcast need more than {target.registers} registers")
+    if t.bd > target.cores:
+        problems.append(f"bd={t.bd} exceeds the core limit {target.cores}")
+    if problems:
+        raise ConvSpecError(f"direct conv {spec.name}: tiling {t.tiling_repr} cannot be built: " + "; ".join(problems))
+
+
 @dataclass(frozen=True)
 class ConvCandidate:
     """A tiling, its candidate triple (kernel_key) and its estimated time."""
@@ -514,12 +534,20 @@ class ConvBuild:
     compiled: CompiledKernel | None = field(default=None)
 
 
-def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None) -> ConvBuild:
-    """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
+def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
+         tilings: list[ConvTiling] | None = None) -> ConvBuild:
+    """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
+    order: e.g. one fixed tiling per step) and render their sources."""
     target = target or GemmTarget.detect(config.effective_cores, config.march)
     isa = ",".join(isa_features(config.march))
     ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
-    cands = propose(spec, target, config.topn)
+    if tilings is None:
+        cands = propose(spec, target, config.topn)
+    else:
+        for t in tilings:
+            check_tiling(spec, t, target)
+        cands = [ConvCandidate(t, Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd),
+                               estimate_us(spec, t, target)) for t in tilings]
     sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
     return ConvBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
 
@@ -536,5 +564,5 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
 
 
 __all__ = ["ConvSpec", "ConvSpecError", "ConvTiling", "ConvCandidate", "ConvBuild", "EPILOGUE_OPS", "UNARY_OPS",
-           "MAX_CANDIDATES", "PARALLEL_MIN_US", "compile_convs", "edge_floats", "estimate_us", "l1_conflict", "tile_cycles", "fold_affine",
+           "MAX_CANDIDATES", "PARALLEL_MIN_US", "check_tiling", "compile_convs", "edge_floats", "estimate_us", "l1_conflict", "tile_cycles", "fold_affine",
            "interior", "pack_weight", "plan", "propose", "render", "workspace_bytes"]
