@@ -303,14 +303,24 @@ class ConvCandidate:
     est_us: float
 
 
+def row_tiles(ow: int, owb: int) -> list[tuple[int, int]]:
+    """(first column, pixels) of a row's register tiles: ``ceil(ow / owb)`` tiles of two sizes
+    differing by one, the larger first (56 columns, owb 6: 6 x 6 then 4 x 5; no short tail)."""
+    nt = -(-ow // owb)
+    hi = -(-ow // nt)
+    n_hi = ow - (hi - 1) * nt
+    sizes = [hi] * n_hi + [hi - 1] * (nt - n_hi)
+    return [(sum(sizes[:i]), p) for i, p in enumerate(sizes)]
+
+
 def edge_floats(spec: ConvSpec, t: ConvTiling) -> int:
     """Floats of one thread's edge buffer (the zero-padded input patch of a tile reading padding
     columns), 0 when no tile reads padding."""
     lo, hi = spec.interior_cols
-    tiles = [(ow0, min(t.owb, spec.ow - ow0)) for ow0 in range(0, spec.ow, t.owb)]
+    tiles = row_tiles(spec.ow, t.owb)
     if all(ow0 >= lo and ow0 + p <= hi for ow0, p in tiles):
         return 0
-    span = (t.owb - 1) * spec.stride[1] + (spec.kw - 1) * spec.dilation[1] + 1
+    span = (tiles[0][1] - 1) * spec.stride[1] + (spec.kw - 1) * spec.dilation[1] + 1
     return spec.kh * span * min(t.kc, spec.c_in)
 
 
@@ -381,7 +391,7 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
     full_ob, tail_o = divmod(s.c_out, t.ocb)
     oblocks = [(t.ocb // vec, full_ob)] + ([(-(-tail_o // vec), 1)] if tail_o else [])
     lo, hi = s.interior_cols
-    tiles = [(ow0, min(t.owb, s.ow - ow0)) for ow0 in range(0, s.ow, t.owb)]
+    tiles = row_tiles(s.ow, t.owb)
     span = lambda p: (p - 1) * s.stride[1] + (s.kw - 1) * s.dilation[1] + 1  # noqa: E731
     w_block = s.kh * s.kw * kc * t.ocb * 4
     factor = (L2_MISFIT if w_block > target.l2 * 0.5 else 1.0) * \
@@ -426,9 +436,11 @@ def _register_tiles(target: GemmTarget, spec: ConvSpec) -> list[tuple[int, int]]
     for nv in (1, 2, 3, 4, 6):
         for p in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14):
             accs = p * nv * (2 if p * nv < 8 else 1)
-            if accs + nv + 1 > target.registers or (nv > 1 and nv > cvec) or (p > 1 and p > spec.ow):
+            if accs + nv + 1 > target.registers or (nv > 1 and nv > cvec):
                 continue
-            out.append((p, nv))
+            tile = (row_tiles(spec.ow, p)[0][1], nv)  # the largest tile a row really gets
+            if tile not in out:
+                out.append(tile)
     return out
 
 
@@ -564,5 +576,5 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
 
 
 __all__ = ["ConvSpec", "ConvSpecError", "ConvTiling", "ConvCandidate", "ConvBuild", "EPILOGUE_OPS", "UNARY_OPS",
-           "MAX_CANDIDATES", "PARALLEL_MIN_US", "check_tiling", "compile_convs", "edge_floats", "estimate_us", "l1_conflict", "tile_cycles", "fold_affine",
+           "MAX_CANDIDATES", "PARALLEL_MIN_US", "check_tiling", "compile_convs", "edge_floats", "estimate_us", "l1_conflict", "row_tiles", "tile_cycles", "fold_affine",
            "interior", "pack_weight", "plan", "propose", "render", "workspace_bytes"]

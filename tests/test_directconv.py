@@ -28,7 +28,7 @@ from ascendc_pack.compiler import compile_kernels
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.directconv import (EPILOGUE_OPS, MAX_CANDIDATES, PARALLEL_MIN_US, ConvSpec, ConvSpecError,
                                      ConvTiling, check_tiling, compile_convs, fold_affine, l1_conflict, pack_weight,
-                                     plan, propose)
+                                     plan, propose, row_tiles)
 from ascendc_pack.directconv_launch import ConvKernel, eager_reference, random_operands
 from ascendc_pack.gemm import GemmTarget
 from tests.kernel_check import tolerance
@@ -116,7 +116,8 @@ def test_cases_cover_every_epilogue_tail_and_path(builds):
     tilings = [(b.spec, c.tiling) for b in builds.values() for c in b.candidates]
     assert {t.bd for _, t in tilings} == {1, 2}
     assert any(t.kc < s.c_in and s.c_in % t.kc for s, t in tilings)  # input blocks with a tail
-    assert any(s.c_out % t.ocb for s, t in tilings) and any(s.ow % t.owb for s, t in tilings)
+    assert any(s.c_out % t.ocb for s, t in tilings)  # a channel block past c_out
+    assert any(len({p for _, p in row_tiles(s.ow, t.owb)}) == 2 for s, t in tilings)  # rows of two tile sizes
     assert any(t.owb == 1 for _, t in tilings) and any(t.ocb == 4 * V for _, t in tilings)
     assert any(b.compiled.candidates[0].candidate.workspace > 0 for b in builds.values())  # edge buffers
 
@@ -236,6 +237,17 @@ def test_input_blocks_never_conflict_in_l1():
     for spec in (S("a", 1, 64, 64, 56, 56, 3, 3, 1, 1), S("b", 1, 128, 128, 28, 28, 3, 3, 1, 1)):
         for c in propose(spec, target, 10):
             assert not l1_conflict(spec, c.tiling.ocb, c.tiling.kc, target.l1d), c.tiling
+
+
+@pytest.mark.parametrize("ow", [1, 2, 5, 7, 14, 28, 56, 112, 113])
+@pytest.mark.parametrize("owb", [1, 2, 3, 4, 5, 6, 14])
+def test_row_tiles_cover_every_column_once_in_two_sizes(ow, owb):
+    tiles = row_tiles(ow, owb)
+    assert [c for ow0, p in tiles for c in range(ow0, ow0 + p)] == list(range(ow))
+    sizes = [p for _, p in tiles]
+    assert len(tiles) == math.ceil(ow / owb) and max(sizes) <= owb and max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)
+    assert row_tiles(56, 6) == [(6 * i, 6) for i in range(6)] + [(36 + 5 * i, 5) for i in range(4)]
 
 
 @pytest.mark.parametrize("tiling, match", [
