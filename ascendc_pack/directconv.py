@@ -400,13 +400,13 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
     taps = sum(_row_taps(s)) * s.kw  # taps of one output column over every row of an image
     cyc_image = 0.0  # one image, every channel block and input block
     for nv, ob_count in oblocks:
+        cyc_image += ob_count * s.oh * s.ow * nv * epi  # the epilogue, once per output vector
         for kcl, kb_count in kblocks:
             row = 0.0  # one output row; its steps are those of an average row
             for ow0, p in tiles:
                 edge = not (ow0 >= lo and ow0 + p <= hi)
                 copy = EDGE_COPY_CYCLES * s.kh * span(p) * -(-kcl // vec) if edge else 0.0
-                row += TILE_CYCLES + copy + p * nv * (2 + (epi if kblocks[-1][0] == kcl else 0))
-                row += tile_cycles(p, nv) * kcl * factor * taps / s.oh
+                row += TILE_CYCLES + copy + 2 * p * nv + tile_cycles(p, nv) * kcl * factor * taps / s.oh
             cyc_image += ob_count * kb_count * row * s.oh
     ohb = -(-s.oh // t.rb)
     obs = full_ob + int(bool(tail_o))
@@ -430,7 +430,8 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
 
 def _register_tiles(target: GemmTarget, spec: ConvSpec) -> list[tuple[int, int]]:
     """(pixels, vectors) tiles whose accumulators, weight vectors and a broadcast fit the
-    registers (the GEMM's rule), excluding tiles that would only ever run as a tail."""
+    registers (the GEMM's rule), pixels as the rows really get them (:func:`row_tiles`), no
+    vectors past the output channels."""
     cvec = -(-spec.c_out // target.lanes)
     out = []
     for nv in (1, 2, 3, 4, 6):
