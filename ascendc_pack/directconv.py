@@ -86,7 +86,7 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 
 def interior(out: int, size: int, k: int, s: int, p: int, d: int) -> tuple[int, int]:
     """Output positions ``[lo, hi)`` whose every tap lies inside the input (no padding read);
-    ``hi == lo`` when there are none. (The same helper as dwconv.py's.)"""
+    ``hi == lo`` when there are none."""
     lo = min(out, -(-p // s))
     last = size - 1 + p - (k - 1) * d  # largest o * s with the last tap inside
     hi = min(out, last // s + 1) if last >= 0 else 0
@@ -233,7 +233,7 @@ def fold_affine(weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Te
                 shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold a per-channel ``y * scale + shift`` after the convolution (an eval BatchNorm:
     ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale``) into ``(weight, bias)``
-    (the same arithmetic as the tactics' ``fold_affine_calls``; the same helper as dwconv.py's)."""
+    (the same arithmetic as the tactics' ``fold_affine_calls``)."""
     w = weight * scale.view(-1, *([1] * (weight.dim() - 1)))
     b = shift.clone() if bias is None else bias * scale + shift
     return w, b
@@ -348,7 +348,7 @@ TILE_CYCLES = 60.0  # a register tile's call, row setup and store
 EDGE_COPY_CYCLES = 1.5  # per vector of an edge tile's copied patch
 L2_MISFIT = 1.15  # a channel block's weights (kh x kw x kc x ocb) do not stay in L2
 L1_CONFLICT = 1.6  # an input block's taps map to more L1 lines per set than it has ways
-MEM_GBPS = 20.0  # per thread, what does not stay in L2
+DIRECT_MEM_GBPS = 20.0  # per thread, what does not stay in L2 (dwconv.py has its own MEM_GBPS)
 
 
 def tile_cycles(p: int, nv: int) -> float:
@@ -421,7 +421,7 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
     rows_in = min(s.h, (t.rb - 1) * s.stride[0] + (s.kh - 1) * s.dilation[0] + 1)
     x_mem = x_bytes * (1 if rows_in * s.w * s.c_in * 4 <= target.l2 * 0.5 else obs)
     w_mem = w_bytes * (1 if w_bytes <= target.l2 * 0.5 else s.n * ohb)
-    mem = (x_mem + w_mem + y_bytes) / (MEM_GBPS * 1e3 * min(t.bd, tasks))
+    mem = (x_mem + w_mem + y_bytes) / (DIRECT_MEM_GBPS * 1e3 * min(t.bd, tasks))
     us = max(compute, mem) + 0.2 * min(compute, mem)
     if t.bd > 1:
         us += Target.parallel_overhead_us + Target.barrier_us
