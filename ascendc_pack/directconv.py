@@ -576,6 +576,7 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
     return builds
 
 
-__all__ = ["ConvSpec", "ConvSpecError", "ConvTiling", "ConvCandidate", "ConvBuild", "EPILOGUE_OPS", "UNARY_OPS",
-           "MAX_CANDIDATES", "PARALLEL_MIN_US", "check_tiling", "compile_convs", "edge_floats", "estimate_us", "l1_conflict", "row_tiles", "tile_cycles", "fold_affine",
-           "interior", "pack_weight", "plan", "propose", "render", "workspace_bytes"]
+__all__ = ["ConvBuild", "ConvCandidate", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
+           "MAX_CANDIDATES", "PARALLEL_MIN_US", "UNARY_OPS", "check_tiling", "compile_convs", "edge_floats",
+           "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "propose", "render",
+           "row_tiles", "tile_cycles", "workspace_bytes"]
