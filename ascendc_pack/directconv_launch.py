@@ -1,0 +1,144 @@
+"""Launching a generated direct-convolution candidate on torch tensors (see
+:mod:`ascendc_pack.directconv` for the spec, the candidates and the kernel): operand checks, the
+weight packed for the candidate's channel block, the eager reference it must match and seeded
+operands for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ascendc_pack_runtime.kernels import KernelLibrary
+from ascendc_pack_runtime.tensor_meta import same_layout
+
+from .directconv import ConvSpec, ConvSpecError, ConvTiling, pack_weight
+
+# the same table as dwconv_launch.py's
+_EAGER_UNARY = {
+    "relu": torch.relu,
+    "relu6": F.relu6,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "tanh": torch.tanh,
+}
+
+
+def _nhwc(spec: ConvSpec, what: str, t, c: int, h: int, w: int) -> None:
+    """``t`` must be a CPU float32 [N, C, h, w] channels_last tensor (NHWC memory), or that
+    memory shaped [N, h, w, C] (dwconv_launch's check, with this kernel's name in the message)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
+        got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ConvSpecError(f"direct conv {spec.name}: {what} must be a CPU float32 tensor, got {got}")
+    n = spec.n
+    nchw = ((n, c, h, w), (h * w * c, 1, w * c, c))
+    nhwc = ((n, h, w, c), (h * w * c, w * c, c, 1))
+    if not any(same_layout(t.shape, t.stride(), *layout) for layout in (nchw, nhwc)):
+        raise ConvSpecError(f"direct conv {spec.name}: {what} is {list(t.shape)} with strides {t.stride()}; "
+                            f"the kernel reads NHWC memory: a channels_last {list(nchw[0])} tensor "
+                            f"(x.contiguous(memory_format=torch.channels_last)) or a contiguous {list(nhwc[0])}")
+
+
+def _dense(spec: ConvSpec, what: str, t, shape, hint: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu" \
+            or tuple(t.shape) != tuple(shape) or not t.is_contiguous():
+        got = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else \
+            f"{t.dtype} {list(t.shape)} strides {t.stride()} on {t.device}"
+        raise ConvSpecError(f"direct conv {spec.name}: {what} must be a contiguous CPU float32 "
+                            f"{list(shape)} tensor{hint}, got {got}")
+
+
+class ConvKernel:
+    """One compiled direct-convolution candidate on torch tensors: checks the operands against
+    the spec and launches. Operands: ``x`` NHWC memory (a channels_last ``[N, C, H, W]`` or a
+    contiguous ``[N, H, W, C]``), the weight packed for this candidate (:meth:`prepare_weight`,
+    i.e. ``pack_weight(weight, kernel.ocb)``), bias ``[O]``, the residual in y's layout. Returns
+    ``y`` as a channels_last ``[N, O, OH, OW]`` tensor. Not thread-safe: concurrent calls would
+    share the workspace."""
+
+    def __init__(self, spec: ConvSpec, so_path: str | os.PathLike, kernel_key: str | None = None):
+        self.spec = spec
+        self.lib = KernelLibrary(so_path, kernel_key)
+        if self.lib.info["n_inputs"] != spec.n_inputs or self.lib.info["name"] != spec.name:
+            raise ConvSpecError(f"direct conv {spec.name}: {so_path} is kernel {self.lib.info['name']} "
+                                f"with {self.lib.info['n_inputs']} inputs, not this spec's")
+        self.tiling = ConvTiling.parse(self.lib.info["tiling_repr"])
+        self._workspace = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
+
+    @property
+    def ocb(self) -> int:
+        """The output-channel block the packed weight must have."""
+        return self.tiling.ocb
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        s = self.spec
+        return (-(-s.c_out // self.ocb), s.kh, s.kw, s.c_in, self.ocb)
+
+    def prepare_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` ``[O, C, kh, kw]`` packed for this candidate (once, at load)."""
+        s = self.spec
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (s.c_out, s.c_in, s.kh, s.kw):
+            got = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+            raise ConvSpecError(f"direct conv {s.name}: the weight must be [{s.c_out}, {s.c_in}, {s.kh}, {s.kw}], "
+                                f"got {got}")
+        return pack_weight(weight, self.ocb)
+
+    def __call__(self, x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                 max_threads: int = 0) -> torch.Tensor:
+        s = self.spec
+        _nhwc(s, "x", x, s.c_in, s.h, s.w)
+        _dense(s, "the packed weight", w_packed, self.packed_shape,
+               f" (pack the [O, C, kh, kw] weight with prepare_weight / pack_weight(w, {self.ocb}))")
+        ins = [x, w_packed]
+        if s.bias:
+            _dense(s, "bias (the kernel adds one)", bias, (s.c_out,), "")
+            ins.append(bias)
+        elif bias is not None:
+            raise ConvSpecError(f"direct conv {s.name}: the spec has no bias, got one; fold it into the spec")
+        if s.residual:
+            if residual is None:
+                raise ConvSpecError(f"direct conv {s.name}: the epilogue adds a residual, got none")
+            _nhwc(s, "residual", residual, s.c_out, s.oh, s.ow)
+            ins.append(residual)
+        elif residual is not None:
+            raise ConvSpecError(f"direct conv {s.name}: the epilogue has no 'add', got a residual")
+        if out is None:
+            out = torch.empty((s.n, s.c_out, s.oh, s.ow), memory_format=torch.channels_last)
+        _nhwc(s, "out", out, s.c_out, s.oh, s.ow)
+        rc = self.lib.launch(ins, [out], self._workspace, max_threads)
+        if rc != 0:
+            raise RuntimeError(f"direct conv {s.name} ({self.lib.kernel_key}) failed with status {rc}")
+        return out
+
+
+def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None) -> torch.Tensor:
+    """What eager PyTorch computes for ``spec``: ``F.conv2d`` on ``x`` ([N, C, H, W], any layout)
+    with the ``[O, C, kh, kw]`` weight, then the epilogue steps with torch's ops."""
+    y = F.conv2d(x, weight, bias, spec.stride, spec.padding, spec.dilation)
+    for op in spec.epilogue:
+        y = y + residual if op == "add" else _EAGER_UNARY[op](y)
+    return y
+
+
+def random_operands(spec: ConvSpec, seed: int = 0):
+    """(x channels_last [N, C, H, W], weight [O, C, kh, kw], bias or None, residual or None),
+    seeded normal values, the weight scaled by 1/sqrt(C kh kw) (for tests and benchmarks)."""
+    g = torch.Generator().manual_seed(seed)
+    cl = torch.channels_last
+    x = torch.randn(spec.n, spec.c_in, spec.h, spec.w, generator=g).contiguous(memory_format=cl)
+    weight = torch.randn(spec.c_out, spec.c_in, spec.kh, spec.kw, generator=g) * \
+        (1.0 / (spec.c_in * spec.kh * spec.kw) ** 0.5)
+    bias = torch.randn(spec.c_out, generator=g) if spec.bias else None
+    residual = torch.randn(spec.n, spec.c_out, spec.oh, spec.ow, generator=g).contiguous(memory_format=cl) \
+        if spec.residual else None
+    return x, weight, bias, residual
+
+
+__all__ = ["ConvKernel", "eager_reference", "pack_weight", "random_operands"]
