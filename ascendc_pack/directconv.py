@@ -33,33 +33,15 @@ from .codegen import template_env
 from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
 from .config import BuildConfig
 from .errors import PackError
-from .gemm import _EPILOGUE_C as _GEMM_EPILOGUE_C
+from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
 from .gemm import GemmTarget
 from .tiling import PAYOFF_MARGIN, Target
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/directconv.cpp.j2"
-# shared with dwconv.py (same names, same values): the steps and their C statements
-UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid", "tanh")
-EPILOGUE_OPS = ("add",) + UNARY_OPS
-"""Pointwise steps the kernel fuses, applied in order after the bias; ``add`` adds the residual
-input (NHWC, the output's shape; at most one)."""
-
-# C statement of each unary step on `v` (torch's formulas). The GEMM's snippets, plus the rest
-_UNARY_C = {
-    **_GEMM_EPILOGUE_C,
-    "relu6": "v = v < 0.0f ? 0.0f : v; v = v > 6.0f ? 6.0f : v;",
-    "hardsigmoid": "{ auto t = v + 3.0f; t = t < 0.0f ? 0.0f : t; t = t > 6.0f ? 6.0f : t; v = t / 6.0f; }",
-    "hardswish": "{ auto t = v + 3.0f; t = t < 0.0f ? 0.0f : t; t = t > 6.0f ? 6.0f : t; v = v * t / 6.0f; }",
-    "tanh": "v = ap_tanh(v);",
-}
+# cycles per vector of each epilogue step (the cost model's)
 _UNARY_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "gelu": 12, "gelu_tanh": 12,
                  "silu": 10, "sigmoid": 10, "tanh": 12, "add": 1}
-
-PARALLEL_MIN_US = 100.0
-"""Multi-thread candidates are proposed only for convolutions whose best single-thread estimate
-is at least this: waking a passive team and its closing barrier cost ~11 us (tiling.Target), and
-on a busy host a second thread often is not there at all (the dwconv's rule)."""
 
 
 class ConvSpecError(PackError, ValueError):
@@ -75,22 +57,6 @@ def _template_version() -> str:
 
 
 # ----------------------------------------------------------------------------- spec
-
-
-Pair = tuple[int, int]
-
-
-def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
-def interior(out: int, size: int, k: int, s: int, p: int, d: int) -> tuple[int, int]:
-    """Output positions ``[lo, hi)`` whose every tap lies inside the input (no padding read);
-    ``hi == lo`` when there are none."""
-    lo = min(out, -(-p // s))
-    last = size - 1 + p - (k - 1) * d  # largest o * s with the last tap inside
-    hi = min(out, last // s + 1) if last >= 0 else 0
-    return lo, max(lo, hi)
 
 
 def _pair(spec_name: str, what: str, value, least: int) -> Pair:
@@ -149,7 +115,7 @@ class ConvSpec:
             raise ConvSpecError(f"direct conv {self.name}: epilogue has {self.epilogue.count('add')} 'add' "
                                 f"steps, the kernel takes one residual input; add the others separately")
         for axis, size, k, s, p, d in self._axes():
-            if _out_size(size, k, s, p, d) < 1:
+            if out_size(size, k, s, p, d) < 1:
                 raise ConvSpecError(f"direct conv {self.name}: the dilated kernel ({d * (k - 1) + 1}) is larger "
                                     f"than the padded input {axis} ({size + 2 * p}); no output. Increase padding "
                                     f"or use a smaller kernel or dilation")
@@ -163,11 +129,16 @@ class ConvSpec:
 
     @property
     def oh(self) -> int:
-        return _out_size(*self._axes()[0][1:])
+        return out_size(*self._axes()[0][1:])
 
     @property
     def ow(self) -> int:
-        return _out_size(*self._axes()[1][1:])
+        return out_size(*self._axes()[1][1:])
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        """The output as torch shapes it, ``[N, O, OH, OW]`` (stored channels_last)."""
+        return (self.n, self.c_out, self.oh, self.ow)
 
     @property
     def interior_rows(self) -> tuple[int, int]:
@@ -227,16 +198,6 @@ def pack_weight(weight: torch.Tensor, ocb: int) -> torch.Tensor:
     padded = torch.zeros(blocks * ocb, c, kh, kw, dtype=torch.float32)
     padded[:o] = weight.detach()
     return padded.view(blocks, ocb, c, kh, kw).permute(0, 3, 4, 2, 1).contiguous()
-
-
-def fold_affine(weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor,
-                shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold a per-channel ``y * scale + shift`` after the convolution (an eval BatchNorm:
-    ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale``) into ``(weight, bias)``
-    (the same arithmetic as the tactics' ``fold_affine_calls``)."""
-    w = weight * scale.view(-1, *([1] * (weight.dim() - 1)))
-    b = shift.clone() if bias is None else bias * scale + shift
-    return w, b
 
 
 # ----------------------------------------------------------------------------- tiling + cost
@@ -521,7 +482,7 @@ def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
 def _epilogue_lines(spec: ConvSpec) -> list[str]:
     """C statements on the float ``v`` of output channel ``j`` of a tile row: bias, the steps."""
     return (["v += bp[j];"] if spec.bias else []) + \
-        ["v += rp[j];" if op == "add" else _UNARY_C[op] for op in spec.epilogue]
+        ["v += rp[j];" if op == "add" else UNARY_C[op] for op in spec.epilogue]
 
 
 def render(spec: ConvSpec, cand: ConvCandidate, isa: str) -> str:

@@ -11,46 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from ascendc_pack_runtime.kernels import KernelLibrary
-from ascendc_pack_runtime.tensor_meta import same_layout
+
+from .conv_common import apply_eager_epilogue, check_dense, check_nhwc
 
 from .directconv import ConvSpec, ConvSpecError, ConvTiling, pack_weight
 
 # the same table as dwconv_launch.py's
-_EAGER_UNARY = {
-    "relu": torch.relu,
-    "relu6": F.relu6,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "hardswish": F.hardswish,
-    "hardsigmoid": F.hardsigmoid,
-    "tanh": torch.tanh,
-}
-
-
 def _nhwc(spec: ConvSpec, what: str, t, c: int, h: int, w: int) -> None:
-    """``t`` must be a CPU float32 [N, C, h, w] channels_last tensor (NHWC memory), or that
-    memory shaped [N, h, w, C] (dwconv_launch's check, with this kernel's name in the message)."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
-        got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ConvSpecError(f"direct conv {spec.name}: {what} must be a CPU float32 tensor, got {got}")
-    n = spec.n
-    nchw = ((n, c, h, w), (h * w * c, 1, w * c, c))
-    nhwc = ((n, h, w, c), (h * w * c, w * c, c, 1))
-    if not any(same_layout(t.shape, t.stride(), *layout) for layout in (nchw, nhwc)):
-        raise ConvSpecError(f"direct conv {spec.name}: {what} is {list(t.shape)} with strides {t.stride()}; "
-                            f"the kernel reads NHWC memory: a channels_last {list(nchw[0])} tensor "
-                            f"(x.contiguous(memory_format=torch.channels_last)) or a contiguous {list(nhwc[0])}")
+    check_nhwc(ConvSpecError, f"direct conv {spec.name}", what, t, spec.n, c, h, w)
 
 
 def _dense(spec: ConvSpec, what: str, t, shape, hint: str) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu" \
-            or tuple(t.shape) != tuple(shape) or not t.is_contiguous():
-        got = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else \
-            f"{t.dtype} {list(t.shape)} strides {t.stride()} on {t.device}"
-        raise ConvSpecError(f"direct conv {spec.name}: {what} must be a contiguous CPU float32 "
-                            f"{list(shape)} tensor{hint}, got {got}")
+    check_dense(ConvSpecError, f"direct conv {spec.name}", what, t, shape, hint)
 
 
 class ConvKernel:
@@ -68,7 +40,7 @@ class ConvKernel:
             raise ConvSpecError(f"direct conv {spec.name}: {so_path} is kernel {self.lib.info['name']} "
                                 f"with {self.lib.info['n_inputs']} inputs, not this spec's")
         self.tiling = ConvTiling.parse(self.lib.info["tiling_repr"])
-        self._workspace = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
+        self.workspace_buffer = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
 
     @property
     def ocb(self) -> int:
@@ -112,7 +84,7 @@ class ConvKernel:
         if out is None:
             out = torch.empty((s.n, s.c_out, s.oh, s.ow), memory_format=torch.channels_last)
         _nhwc(s, "out", out, s.c_out, s.oh, s.ow)
-        rc = self.lib.launch(ins, [out], self._workspace, max_threads)
+        rc = self.lib.launch(ins, [out], self.workspace_buffer, max_threads)
         if rc != 0:
             raise RuntimeError(f"direct conv {s.name} ({self.lib.kernel_key}) failed with status {rc}")
         return out
@@ -122,9 +94,7 @@ def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=
     """What eager PyTorch computes for ``spec``: ``F.conv2d`` on ``x`` ([N, C, H, W], any layout)
     with the ``[O, C, kh, kw]`` weight, then the epilogue steps with torch's ops."""
     y = F.conv2d(x, weight, bias, spec.stride, spec.padding, spec.dilation)
-    for op in spec.epilogue:
-        y = y + residual if op == "add" else _EAGER_UNARY[op](y)
-    return y
+    return apply_eager_epilogue(spec.epilogue, y, residual)
 
 
 def random_operands(spec: ConvSpec, seed: int = 0):

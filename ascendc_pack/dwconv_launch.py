@@ -10,45 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from ascendc_pack_runtime.kernels import KernelLibrary
-from ascendc_pack_runtime.tensor_meta import same_layout
+
+from .conv_common import apply_eager_epilogue, check_dense, check_nhwc
 
 from .dwconv import DwConvSpec, DwConvSpecError, pack_weight
 
-_EAGER_UNARY = {
-    "relu": torch.relu,
-    "relu6": F.relu6,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu,
-    "sigmoid": torch.sigmoid,
-    "hardswish": F.hardswish,
-    "hardsigmoid": F.hardsigmoid,
-    "tanh": torch.tanh,
-}
-
-
 def _nhwc(spec: DwConvSpec, what: str, t, c: int, h: int, w: int) -> None:
-    """``t`` must be a CPU float32 [N, C, h, w] channels_last tensor (NHWC memory), or that
-    memory shaped [N, h, w, C]."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
-        got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise DwConvSpecError(f"depthwise conv {spec.name}: {what} must be a CPU float32 tensor, got {got}")
-    n = spec.n
-    nchw = ((n, c, h, w), (h * w * c, 1, w * c, c))
-    nhwc = ((n, h, w, c), (h * w * c, w * c, c, 1))
-    if not any(same_layout(t.shape, t.stride(), *layout) for layout in (nchw, nhwc)):
-        raise DwConvSpecError(f"depthwise conv {spec.name}: {what} is {list(t.shape)} with strides {t.stride()}; "
-                              f"the kernel reads NHWC memory: a channels_last {list(nchw[0])} tensor "
-                              f"(x.contiguous(memory_format=torch.channels_last)) or a contiguous {list(nhwc[0])}")
+    check_nhwc(DwConvSpecError, f"depthwise conv {spec.name}", what, t, spec.n, c, h, w)
 
 
 def _dense(spec: DwConvSpec, what: str, t, shape, hint: str) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu" \
-            or tuple(t.shape) != tuple(shape) or not t.is_contiguous():
-        got = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else \
-            f"{t.dtype} {list(t.shape)} strides {t.stride()} on {t.device}"
-        raise DwConvSpecError(f"depthwise conv {spec.name}: {what} must be a contiguous CPU float32 "
-                              f"{list(shape)} tensor{hint}, got {got}")
+    check_dense(DwConvSpecError, f"depthwise conv {spec.name}", what, t, shape, hint)
 
 
 class DwConvKernel:
@@ -63,6 +35,7 @@ class DwConvKernel:
         if self.lib.info["n_inputs"] != spec.n_inputs or self.lib.info["name"] != spec.name:
             raise DwConvSpecError(f"depthwise conv {spec.name}: {so_path} is kernel {self.lib.info['name']} "
                                   f"with {self.lib.info['n_inputs']} inputs, not this spec's")
+        self.workspace_buffer = None  # the kernel needs none
 
     def __call__(self, x: torch.Tensor, w_khkwc: torch.Tensor, bias: torch.Tensor | None = None,
                  residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -96,9 +69,7 @@ def eager_reference(spec: DwConvSpec, x: torch.Tensor, weight: torch.Tensor, bia
     """What eager PyTorch computes for ``spec``: ``F.conv2d(groups=C)`` on ``x`` ([N, C, H, W],
     any layout) with the ``[C, 1, kh, kw]`` weight, then the epilogue steps with torch's ops."""
     y = F.conv2d(x, weight, bias, spec.stride, spec.padding, spec.dilation, spec.c)
-    for op in spec.epilogue:
-        y = y + residual if op == "add" else _EAGER_UNARY[op](y)
-    return y
+    return apply_eager_epilogue(spec.epilogue, y, residual)
 
 
 def random_operands(spec: DwConvSpec, seed: int = 0):

@@ -50,7 +50,7 @@ multiply by the next residual input (a tensor broadcastable to [batch, M, N], st
 spec; ``mul``: e.g. a gated MLP's ``up(x) * silu(gate(x))``)."""
 
 # C statement of each epilogue step on the float `v` (torch's formulas, kernel_math.h functions)
-_EPILOGUE_C = {
+EPILOGUE_C = {
     "relu": "v = v < 0.0f ? 0.0f : v;",
     "gelu": "v = v * 0.5f * (1.0f + ap_erf(v * 0.70710678118654752f));",
     "gelu_tanh": "v = 0.5f * v * (1.0f + ap_tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));",
@@ -455,7 +455,7 @@ def _epilogue_lines(spec: GemmSpec) -> list[str]:
     lines = (["v += to_f32(g.bias[n]);"] if spec.bias else []) + rnd
     for j, op in enumerate(spec.epilogue):
         i = sum(o in RESIDUAL_OPS for o in spec.epilogue[:j])  # the residual input an add/mul reads
-        lines += [_EPILOGUE_C[op] if op not in RESIDUAL_OPS else
+        lines += [EPILOGUE_C[op] if op not in RESIDUAL_OPS else
                   f"v {'+' if op == 'add' else '*'}= to_f32(g.res{i}[bb * SR{i}_B + m * SR{i}_M + n * SR{i}_N]);"] + rnd
     return lines
 

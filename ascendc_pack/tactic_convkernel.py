@@ -1,19 +1,26 @@
 """Generated convolution kernels as tactic candidates of convolution steps (docs/TACTICS.md).
 
-A depthwise convolution (:mod:`ascendc_pack.dwconv`: float32, channel multiplier 1, any kernel
-size, stride, padding and dilation, bias or a folded BatchNorm, a residual ``add`` and one
-activation fused) gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
-generated kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC
-memory (a channels_last ``x``; an NCHW one is copied, which the candidate's timing pays like the
-graph does), a weight repacked at build (``[kh, kw, C]``, the BatchNorm folded in), and writes
-the channels_last output. Like a generated GEMM it is verified in the kernel sandbox before it is
-timed, and a chosen one launches from graph.cpp like a fused kernel, its library a bundle member.
+Two kernel families, both float32 and NHWC, each with a bias or a folded BatchNorm, a residual
+``add`` and one activation fused:
+
+* ``dwconv`` (:mod:`ascendc_pack.dwconv`, docs/DWCONV.md): depthwise convolutions (channel
+  multiplier 1, any kernel size, stride, padding and dilation); weight packed ``[kh, kw, C]``;
+* ``directconv`` (:mod:`ascendc_pack.directconv`, docs/DIRECTCONV.md): dense convolutions
+  (groups 1) but the 1x1 stride-1 ones, which are GEMMs (:mod:`ascendc_pack.tactic_gemm`);
+  weight packed in output-channel blocks of the candidate's ``ocb``.
+
+A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
+kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
+channels_last ``x``; an NCHW one is copied, which the candidate's timing pays like the graph
+does) and the weight packed at build (the BatchNorm folded in, stored in the bundle), and writes
+the channels_last output. Like a generated GEMM it is verified in the kernel sandbox before it
+is timed, and a chosen one launches from graph.cpp like a fused kernel, its library a bundle
+member.
 
 A *family* (:class:`Family`) is what one kernel generator provides: the spec of a step (or None
 when the step is not its kind), planning (candidates + sources), the launcher, the build-time
-weights. Dense direct convolutions plug in as a second family.
+weights.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -23,9 +30,11 @@ from typing import Callable
 
 import torch
 
-from . import dwconv
+from . import directconv, dwconv
 from .candidate import Candidate
 from .compiler import compile_kernels
+from .conv_common import UNARY_OPS, fold_affine
+from .directconv_launch import ConvKernel
 from .dwconv_launch import DwConvKernel
 from .gemm import GemmTarget
 from .program import TacticStep, TensorSpec
@@ -35,6 +44,8 @@ from .verify import verify_in_sandbox
 log = logging.getLogger("ascendc_pack")
 
 CL = torch.channels_last
+MIN_DIRECT_CHANNELS = 8
+"""The direct convolution vectorizes over output channels: fewer than a vector's worth is slow."""
 CONV_KERNEL_TILINGS = 1
 """Tilings of a convolution's generated kernel compiled per step (the cost model's first ones):
 efficientnet_b0 has 16 depthwise convolutions and each tiling is a compile in the cold build; the
@@ -57,7 +68,7 @@ def _dw_spec(step: TacticStep):
     d, epi = step.desc, step.desc["epilogue"]
     n, c, h, w = d["x_shape"]
     if d["groups"] != c or d["out_channels"] != c or d["dtype"] != "float32" \
-            or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in dwconv.UNARY_OPS):
+            or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in UNARY_OPS):
         return None
     epilogue = epilogue_steps(epi)
     try:
@@ -69,17 +80,49 @@ def _dw_spec(step: TacticStep):
         return None
 
 
-def _dw_weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
+def _folded(named: dict, affine: bool):
     w, b = named["weight"], named.get("bias")
     if affine:
-        w, b = dwconv.fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
+        w, b = fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
+    return w, b
+
+
+def _dw_weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
+    w, b = _folded(named, affine)
     out = {"weight": dwconv.pack_weight(w)}
     if b is not None:
         out["bias"] = b.contiguous()
     return out
 
 
-FAMILIES = {"dwconv": Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel, _dw_weights)}
+def _direct_spec(step: TacticStep):
+    d, epi = step.desc, step.desc["epilogue"]
+    n, c, h, w = d["x_shape"]
+    o = d["out_channels"]
+    gemm = tuple(d["kernel"]) == (1, 1) and tuple(d["stride"]) == (1, 1) and tuple(d["padding"]) == (0, 0)
+    if d["groups"] != 1 or gemm or o < MIN_DIRECT_CHANNELS or d["dtype"] != "float32" \
+            or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in UNARY_OPS):
+        return None
+    try:
+        return directconv.ConvSpec.from_conv(f"directconv_{step.name}", tuple(d["x_shape"]), (o, c, *d["kernel"]),
+                                             tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]),
+                                             bias=bool(d["bias"] or epi["affine"]), epilogue=epilogue_steps(epi))
+    except directconv.ConvSpecError as e:
+        log.debug("no direct convolution kernel for %s: %s", step.name, e)
+        return None
+
+
+def _direct_weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
+    w, b = _folded(named, affine)
+    out = {"weight": directconv.pack_weight(w, directconv.ConvTiling.parse(candidate.tiling_repr).ocb)}
+    if b is not None:
+        out["bias"] = b.contiguous()
+    return out
+
+
+FAMILIES = {f.name: f for f in (
+    Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel, _dw_weights),
+    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_weights))}
 
 
 @dataclass(frozen=True)
@@ -109,8 +152,7 @@ class ConvKernelTactic:
 
     @property
     def out_shape(self) -> tuple:
-        s = self.spec
-        return (s.n, s.c, s.oh, s.ow)
+        return self.spec.out_shape
 
     def to_json(self) -> dict:
         c = self.candidate
@@ -188,7 +230,7 @@ class ConvKernelRunner:
             ins.append(self._nhwc(named["other"]))
         self.ins = ins
         self.out = torch.empty(t.out_shape, memory_format=CL)
-        self._launch = self.kernel.lib.bind(ins, [self.out], None)
+        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer)
 
     def _nhwc(self, t: torch.Tensor) -> torch.Tensor:
         if _channels_last(t):

@@ -1,12 +1,14 @@
 """Convolutions run by generated kernels: 1x1 convolutions as the generated GEMM on channels_last
-rows (ascendc_pack/tactic_gemm.py), depthwise ones by the depthwise kernel
-(ascendc_pack/tactic_convkernel.py), and the layouts the planner predicts around convolutions.
+rows (ascendc_pack/tactic_gemm.py), depthwise and dense ones by the depthwise and the direct
+convolution kernels (ascendc_pack/tactic_convkernel.py), and the layouts the planner predicts
+around convolutions.
 
-A mobile-style block (1x1 expand + BatchNorm + hardswish from an NCHW input, depthwise 3x3 +
-BatchNorm + relu, a squeeze-excitation pair of 1x1 convolutions on [N, C, 1, 1], a 1x1 projection
-+ BatchNorm + the residual): every generated-kernel candidate of every step is verified against
-eager and timed; forced to the generated kernels, the bundle matches eager in a fresh process and
-reads channels_last operands in place (no per-call copy of an operand but the entry's NCHW input).
+A mobile-style block (a dense 3x3 stem + BatchNorm + relu from an NCHW input, 1x1 expand +
+BatchNorm + hardswish, depthwise 3x3 + BatchNorm + relu, a squeeze-excitation pair of 1x1
+convolutions on [N, C, 1, 1], a 1x1 projection + BatchNorm + the residual): every generated-kernel
+candidate of every step is verified against eager and timed; forced to the generated kernels,
+the bundle matches eager in a fresh process and reads channels_last operands in place (no
+per-call copy of an operand but the entry's NCHW input).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .test_tactic_pipeline import FAST, _build, _found, _fresh_process_matches, 
 class MobileBlock(nn.Module):
     def __init__(self):
         super().__init__()
+        self.stem = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(8)
         self.expand = nn.Conv2d(8, 24, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(24)
         self.dw = nn.Conv2d(24, 24, 3, padding=1, groups=24, bias=False)
@@ -40,15 +44,16 @@ class MobileBlock(nn.Module):
         self.project = nn.Conv2d(24, 8, 1)
         self.bn2 = nn.BatchNorm2d(8)
         with torch.no_grad():
-            for bn in (self.bn1, self.bn_dw, self.bn2):
+            for bn in (self.bn0, self.bn1, self.bn_dw, self.bn2):
                 bn.running_mean.uniform_(-0.5, 0.5)
                 bn.running_var.uniform_(0.5, 2.0)
 
     def forward(self, x):
-        y = F.hardswish(self.bn1(self.expand(x)))  # the chain's entry: NCHW input
+        s = F.relu(self.bn0(self.stem(x)))  # the chain's entry: NCHW input
+        y = F.hardswish(self.bn1(self.expand(s)))
         y = F.relu(self.bn_dw(self.dw(y)))
         g = F.hardsigmoid(self.se2(F.relu(self.se1(y.mean((2, 3), keepdim=True)))))
-        return self.bn2(self.project(y * g)) + x
+        return self.bn2(self.project(y * g)) + s
 
 
 def _model():
@@ -94,7 +99,7 @@ def test_every_generated_candidate_of_every_convolution_is_verified_and_timed(tm
     finally:
         tuner.close()
     convs = [ch for ch in tuner.choices.values() if ch.kind == "conv"]
-    assert len(convs) == 5  # expand, depthwise, the two SE convolutions, project
+    assert len(convs) == 6  # stem, expand, depthwise, the two SE convolutions, project
     for ch in convs:
         generated = [(t, r) for t, r in zip(ch.candidates, ch.results) if isinstance(t, (ConvGemmTactic,
                                                                                           ConvKernelTactic))]
@@ -128,13 +133,14 @@ def test_convolutions_run_as_generated_kernels_in_the_graph(tmp_path, cache, mon
     res, out = _build(tmp_path, cache, _model(), (_input(),))
     chosen = [ch.candidates[u["chosen_index"]] for ch in res.tactics.values() for u in ch.uses]
     assert sum(isinstance(t, ConvGemmTactic) for t in chosen) == 4
-    assert sum(isinstance(t, ConvKernelTactic) for t in chosen) == 1
+    assert {t.family for t in chosen if isinstance(t, ConvKernelTactic)} == {"dwconv", "directconv"}
     _fresh_process_matches(out, _model(), (_input(),), tmp_path)
     names = {k.name for k in rt.read_manifest(out).kernels}
-    assert any(n.startswith("dwconv_conv_") for n in names) and sum(n.startswith("gemm_conv_") for n in names) == 4
+    assert any(n.startswith("dwconv_conv_") for n in names) and any(n.startswith("directconv_conv_") for n in names)
+    assert sum(n.startswith("gemm_conv_") for n in names) == 4
     run = _member(out, "graph.cpp").decode().split("kRun[]")[1]
     copies = [line for line in run.splitlines() if "aten.clone" in line or "AP_RELAYOUT" in line]
-    assert len(copies) == 2, copies  # the NCHW input x, read as the expand's A and the project's residual
+    assert len(copies) == 1, copies  # the NCHW input x, read by the stem
 
 
 @pytest.mark.parametrize("x_cl", [False, True], ids=["x-nchw", "x-cl"])
