@@ -264,3 +264,30 @@ def test_cpp_load_options_threads_cap_the_kernels(wide, tmp_path_factory, tmp_pa
         out = torch.from_numpy(np.fromfile(tmp_path / f"out{cap}_0.bin", dtype=np.float32).reshape(2048, 1024))
         torch.testing.assert_close(out, torch.softmax(x * 2, -1))
     assert process[1] < process[2], process   # capped at 1: the kernel never started an OpenMP worker
+
+
+def test_the_graph_is_loaded_under_the_thread_cap(wide, tmp_path, monkeypatch):
+    """Load-time packing (oneDNN reorders) runs under the calls' thread count: oneDNN packs a
+    weight for the threads it was reordered under, and a mismatch made a convolution 4.6x slower."""
+    import ascendc_pack_runtime.model as rt_model
+
+    built, _ = wide
+    torch.set_num_threads(2)
+    seen = []
+    real = rt_model._graph_ops
+
+    class Recording:
+        def __init__(self, ops):
+            self._ops = ops
+
+        def __getattr__(self, name):
+            return getattr(self._ops, name)
+
+        def init(self, *args):
+            seen.append(torch.get_num_threads())
+            return self._ops.init(*args)
+
+    monkeypatch.setattr(rt_model, "_graph_ops", lambda *a: Recording(real(*a)))
+    rt.load(built.bundle, cache_dir=tmp_path, threads=1).close()
+    rt.load(built.bundle, cache_dir=tmp_path).close()
+    assert seen == [1, 2] and torch.get_num_threads() == 2

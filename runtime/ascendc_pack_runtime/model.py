@@ -28,7 +28,7 @@ from .extract import Extracted, check_libraries, open_bundle
 from .manifest import IOSpec, Manifest
 from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
-from .threads import check_threads
+from .threads import check_threads, intra_op_threads
 
 _LOAD_LOCK = threading.Lock()
 
@@ -136,7 +136,10 @@ class Model:
         check_libraries(self.directory, m)   # right before graph.so (and through it the kernels) is dlopen()ed
         self._ops = _graph_ops(self.directory, m)
         try:
-            self._handle = self._ops.init(weights, str(self.directory))
+            # under the calls' thread count: oneDNN packs a weight for the threads it will run on
+            # (packed for 2 and run on 1, a convolution took 4.6x as long)
+            with intra_op_threads(self.threads):
+                self._handle = self._ops.init(weights, str(self.directory))
         except RuntimeError as e:
             msg = _first_line(e)
             cls = KernelMismatchError if ("is not the kernel this graph was built with" in msg
@@ -192,15 +195,8 @@ class Model:
 
     def run_flat(self, *inputs) -> list[torch.Tensor]:
         """Call the graph and return its outputs flat (the order of ``output_specs``)."""
-        if self.threads is not None:  # torch's intra-op threads on this thread, for this call
-            before = torch.get_num_threads()
-            if before != self.threads:
-                torch.set_num_threads(self.threads)
-                try:
-                    return self._run_flat(inputs)
-                finally:
-                    torch.set_num_threads(before)
-        return self._run_flat(inputs)
+        with intra_op_threads(self.threads):  # torch's intra-op threads on this thread, for this call
+            return self._run_flat(inputs)
 
     def _run_flat(self, inputs: tuple) -> list[torch.Tensor]:
         if self._handle is None:
