@@ -64,65 +64,60 @@ class Family:
     weights: Callable         # (spec, candidate, named weights, affine) -> {"weight": ..., "bias": ...}
 
 
-def _dw_spec(step: TacticStep):
+def _fusable(step: TacticStep) -> bool:
+    """float32, and an epilogue the kernels fuse: a residual ``add`` and one activation at most."""
+    epi = step.desc["epilogue"]
+    return step.desc["dtype"] == "float32" and epi["binary"] in (None, "add") \
+        and (epi["unary"] is None or epi["unary"] in UNARY_OPS)
+
+
+def _spec(make, step: TacticStep):
+    """``make(desc, bias, epilogue)``'s spec for ``step``, or None when the kernel refuses it."""
     d, epi = step.desc, step.desc["epilogue"]
-    n, c, h, w = d["x_shape"]
-    if d["groups"] != c or d["out_channels"] != c or d["dtype"] != "float32" \
-            or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in UNARY_OPS):
-        return None
-    epilogue = epilogue_steps(epi)
     try:
-        return dwconv.DwConvSpec.from_conv(f"dwconv_{step.name}", tuple(d["x_shape"]), tuple(d["kernel"]),
-                                           tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]),
-                                           bias=bool(d["bias"] or epi["affine"]), epilogue=epilogue)
-    except dwconv.DwConvSpecError as e:
-        log.debug("no depthwise kernel for %s: %s", step.name, e)
+        return make(d, bool(d["bias"] or epi["affine"]), epilogue_steps(epi))
+    except (dwconv.DwConvSpecError, directconv.ConvSpecError) as e:
+        log.debug("no generated kernel for %s: %s", step.name, e)
         return None
 
 
-def _folded(named: dict, affine: bool):
-    w, b = named["weight"], named.get("bias")
-    if affine:
-        w, b = fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
-    return w, b
-
-
-def _dw_weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
-    w, b = _folded(named, affine)
-    out = {"weight": dwconv.pack_weight(w)}
-    if b is not None:
-        out["bias"] = b.contiguous()
-    return out
+def _dw_spec(step: TacticStep):
+    d = step.desc
+    c = d["x_shape"][1]
+    if d["groups"] != c or d["out_channels"] != c or not _fusable(step):
+        return None
+    return _spec(lambda d, bias, epi: dwconv.DwConvSpec.from_conv(
+        f"dwconv_{step.name}", tuple(d["x_shape"]), tuple(d["kernel"]), tuple(d["stride"]), tuple(d["padding"]),
+        tuple(d["dilation"]), bias=bias, epilogue=epi), step)
 
 
 def _direct_spec(step: TacticStep):
-    d, epi = step.desc, step.desc["epilogue"]
-    n, c, h, w = d["x_shape"]
-    o = d["out_channels"]
+    d = step.desc
     gemm = tuple(d["kernel"]) == (1, 1) and tuple(d["stride"]) == (1, 1) and tuple(d["padding"]) == (0, 0)
-    if d["groups"] != 1 or gemm or o < MIN_DIRECT_CHANNELS or d["dtype"] != "float32" \
-            or epi["binary"] not in (None, "add") or (epi["unary"] is not None and epi["unary"] not in UNARY_OPS):
+    if d["groups"] != 1 or gemm or d["out_channels"] < MIN_DIRECT_CHANNELS or not _fusable(step):
         return None
-    try:
-        return directconv.ConvSpec.from_conv(f"directconv_{step.name}", tuple(d["x_shape"]), (o, c, *d["kernel"]),
-                                             tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]),
-                                             bias=bool(d["bias"] or epi["affine"]), epilogue=epilogue_steps(epi))
-    except directconv.ConvSpecError as e:
-        log.debug("no direct convolution kernel for %s: %s", step.name, e)
-        return None
+    return _spec(lambda d, bias, epi: directconv.ConvSpec.from_conv(
+        f"directconv_{step.name}", tuple(d["x_shape"]), (d["out_channels"], d["x_shape"][1], *d["kernel"]),
+        tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]), bias=bias, epilogue=epi), step)
 
 
-def _direct_weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
-    w, b = _folded(named, affine)
-    out = {"weight": directconv.pack_weight(w, directconv.ConvTiling.parse(candidate.tiling_repr).ocb)}
-    if b is not None:
-        out["bias"] = b.contiguous()
-    return out
+def _packed(pack):
+    """The build-time weights of a family whose kernel reads ``pack(weight, candidate)``: the
+    BatchNorm folded in first."""
+    def weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
+        w, b = named["weight"], named.get("bias")
+        if affine:
+            w, b = fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
+        return {"weight": pack(w, candidate), **({"bias": b.contiguous()} if b is not None else {})}
+
+    return weights
 
 
 FAMILIES = {f.name: f for f in (
-    Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel, _dw_weights),
-    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_weights))}
+    Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel,
+           _packed(lambda w, cand: dwconv.pack_weight(w))),
+    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel,
+           _packed(lambda w, cand: directconv.pack_weight(w, directconv.ConvTiling.parse(cand.tiling_repr).ocb))))}
 
 
 @dataclass(frozen=True)
