@@ -1,8 +1,9 @@
 """Generated dense direct convolution kernels (NHWC, float32, groups = 1) with tiling candidates.
 
 A :class:`ConvSpec` (static shape, stride, padding, dilation, bias, fused pointwise epilogue)
-describes ``y = epilogue(conv2d(x, weight, bias))``. Memory layouts are fixed: ``x`` is NHWC (a
-channels_last ``[N, C, H, W]`` tensor); the weight ``[O, C, kh, kw]`` is repacked once by Python
+describes ``y = epilogue(conv2d(x, weight, bias))``. Memory layouts: ``x`` is NHWC (a
+channels_last ``[N, C, H, W]`` tensor) or, with ``x_layout="nchw"``, NCHW (a contiguous one, read in
+place: an entry convolution needs no relayouted copy of its input; likewise the residual); the weight ``[O, C, kh, kw]`` is repacked once by Python
 into output-channel blocks ``[O/OCB][kh][kw][C][OCB]`` (:func:`pack_weight`, zero-padded tail
 block; fold an eval BatchNorm into it first with :func:`fold_affine`); ``y`` is NHWC (a
 channels_last ``[N, O, OH, OW]`` tensor).
@@ -38,6 +39,9 @@ from .gemm import GemmTarget
 from .tiling import PAYOFF_MARGIN, Target
 
 MAX_CANDIDATES = 10
+# memory layouts x and the residual may have: "nhwc" (a channels_last [N, C, H, W] tensor) or
+# "nchw" (a contiguous one: read in place, e.g. a graph input, instead of a relayouted copy)
+LAYOUTS = ("nhwc", "nchw")
 TEMPLATE_NAME = "kernel/directconv.cpp.j2"
 # cycles per vector of each epilogue step (the cost model's)
 _UNARY_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "gelu": 12, "gelu_tanh": 12,
@@ -70,10 +74,11 @@ def _pair(spec_name: str, what: str, value, least: int) -> Pair:
 @dataclass(frozen=True)
 class ConvSpec:
     """One static dense convolution ``y = epilogue(conv2d(x, w, bias, stride, padding,
-    dilation))`` (groups = 1): ``x`` NHWC ``[n, h, w, c_in]``, weight ``[c_out, c_in, kh, kw]``
-    (read packed, :func:`pack_weight`), ``y`` NHWC ``[n, oh, ow, c_out]``; float32. ``epilogue``
-    steps run in order after the bias (see :data:`EPILOGUE_OPS`; one ``add`` at most: the
-    residual, NHWC of y's shape)."""
+    dilation))`` (groups = 1): ``x`` ``[n, c_in, h, w]`` stored ``x_layout`` (NHWC by default),
+    weight ``[c_out, c_in, kh, kw]`` (read packed, :func:`pack_weight`), ``y`` NHWC
+    ``[n, oh, ow, c_out]``; float32. ``epilogue`` steps run in order after the bias (see
+    :data:`EPILOGUE_OPS`; one ``add`` at most: the residual of y's shape, stored
+    ``residual_layout``)."""
 
     name: str
     n: int
@@ -89,6 +94,8 @@ class ConvSpec:
     dtype: str = "float32"
     bias: bool = False
     epilogue: tuple[str, ...] = ()
+    x_layout: str = "nhwc"
+    residual_layout: str = "nhwc"
 
     def __post_init__(self):
         try:
@@ -104,6 +111,10 @@ class ConvSpec:
         if self.dtype != "float32":
             raise ConvSpecError(f"direct conv {self.name}: dtype must be float32, got {self.dtype!r}; "
                                 f"other dtypes run as ATen")
+        for what in ("x_layout", "residual_layout"):
+            if getattr(self, what) not in LAYOUTS:
+                raise ConvSpecError(f"direct conv {self.name}: {what} must be one of {', '.join(LAYOUTS)}, got "
+                                    f"{getattr(self, what)!r}")
         if not isinstance(self.bias, bool):
             raise ConvSpecError(f"direct conv {self.name}: bias must be True or False, got {self.bias!r}")
         object.__setattr__(self, "epilogue", tuple(self.epilogue))
@@ -162,16 +173,17 @@ class ConvSpec:
 
     @staticmethod
     def from_conv(name: str, x_shape, weight_shape, stride=1, padding=0, dilation=1, *, bias: bool = False,
-                  epilogue=()) -> ConvSpec:
+                  epilogue=(), x_layout: str = "nhwc", residual_layout: str = "nhwc") -> ConvSpec:
         """The spec of ``conv2d(x, weight, stride=, padding=, dilation=)`` (groups 1) on ``x`` of
-        ``x_shape`` ``[N, C, H, W]`` (as torch shapes it; the kernel reads it channels_last) and a
+        ``x_shape`` ``[N, C, H, W]`` (as torch shapes it; stored as ``x_layout`` says) and a
         weight of ``weight_shape`` ``[O, C, kh, kw]``."""
         n, c, h, w = x_shape
         o, wc, kh, kw = weight_shape
         if wc != c:
             raise ConvSpecError(f"direct conv {name}: the weight has {wc} input channels, x has {c}; only "
                                 f"groups=1 convolutions are generated (depthwise ones: dwconv)")
-        return ConvSpec(name, n, c, o, h, w, kh, kw, stride, padding, dilation, bias=bias, epilogue=tuple(epilogue))
+        return ConvSpec(name, n, c, o, h, w, kh, kw, stride, padding, dilation, bias=bias, epilogue=tuple(epilogue),
+                        x_layout=x_layout, residual_layout=residual_layout)
 
     def to_json(self) -> dict:
         return {**asdict(self), "epilogue": list(self.epilogue)}
@@ -479,10 +491,13 @@ def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
 # ----------------------------------------------------------------------------- render + build
 
 
+_RESIDUAL_C = {"nhwc": "v += rp[j];", "nchw": "v += rp[j * OH * OW];"}
+
+
 def _epilogue_lines(spec: ConvSpec) -> list[str]:
     """C statements on the float ``v`` of output channel ``j`` of a tile row: bias, the steps."""
     return (["v += bp[j];"] if spec.bias else []) + \
-        ["v += rp[j];" if op == "add" else UNARY_C[op] for op in spec.epilogue]
+        [_RESIDUAL_C[spec.residual_layout] if op == "add" else UNARY_C[op] for op in spec.epilogue]
 
 
 def render(spec: ConvSpec, cand: ConvCandidate, isa: str) -> str:

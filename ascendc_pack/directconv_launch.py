@@ -17,8 +17,11 @@ from .conv_common import apply_eager_epilogue, check_dense, check_nhwc
 from .directconv import ConvSpec, ConvSpecError, ConvTiling, pack_weight
 
 # the same table as dwconv_launch.py's
-def _nhwc(spec: ConvSpec, what: str, t, c: int, h: int, w: int) -> None:
-    check_nhwc(ConvSpecError, f"direct conv {spec.name}", what, t, spec.n, c, h, w)
+def _stored(spec: ConvSpec, what: str, t, layout: str, c: int, h: int, w: int) -> None:
+    if layout == "nchw":
+        _dense(spec, f"{what} (x_layout / residual_layout 'nchw')", t, (spec.n, c, h, w), " (x.contiguous())")
+    else:
+        check_nhwc(ConvSpecError, f"direct conv {spec.name}", what, t, spec.n, c, h, w)
 
 
 def _dense(spec: ConvSpec, what: str, t, shape, hint: str) -> None:
@@ -28,8 +31,9 @@ def _dense(spec: ConvSpec, what: str, t, shape, hint: str) -> None:
 class ConvKernel:
     """One compiled direct-convolution candidate on torch tensors: checks the operands against
     the spec and launches. Operands: ``x`` NHWC memory (a channels_last ``[N, C, H, W]`` or a
-    contiguous ``[N, H, W, C]``), the weight packed for this candidate (:meth:`prepare_weight`,
-    i.e. ``pack_weight(weight, kernel.ocb)``), bias ``[O]``, the residual in y's layout. Returns
+    contiguous ``[N, H, W, C]``; a contiguous ``[N, C, H, W]`` with ``x_layout="nchw"``), the
+    weight packed for this candidate (:meth:`prepare_weight`, i.e. ``pack_weight(weight,
+    kernel.ocb)``), bias ``[O]``, the residual of y's shape (stored ``residual_layout``). Returns
     ``y`` as a channels_last ``[N, O, OH, OW]`` tensor. Not thread-safe: concurrent calls would
     share the workspace."""
 
@@ -65,7 +69,7 @@ class ConvKernel:
                  residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
                  max_threads: int = 0) -> torch.Tensor:
         s = self.spec
-        _nhwc(s, "x", x, s.c_in, s.h, s.w)
+        _stored(s, "x", x, s.x_layout, s.c_in, s.h, s.w)
         _dense(s, "the packed weight", w_packed, self.packed_shape,
                f" (pack the [O, C, kh, kw] weight with prepare_weight / pack_weight(w, {self.ocb}))")
         ins = [x, w_packed]
@@ -77,13 +81,13 @@ class ConvKernel:
         if s.residual:
             if residual is None:
                 raise ConvSpecError(f"direct conv {s.name}: the epilogue adds a residual, got none")
-            _nhwc(s, "residual", residual, s.c_out, s.oh, s.ow)
+            _stored(s, "residual", residual, s.residual_layout, s.c_out, s.oh, s.ow)
             ins.append(residual)
         elif residual is not None:
             raise ConvSpecError(f"direct conv {s.name}: the epilogue has no 'add', got a residual")
         if out is None:
             out = torch.empty((s.n, s.c_out, s.oh, s.ow), memory_format=torch.channels_last)
-        _nhwc(s, "out", out, s.c_out, s.oh, s.ow)
+        _stored(s, "out", out, "nhwc", s.c_out, s.oh, s.ow)
         rc = self.lib.launch(ins, [out], self.workspace_buffer, max_threads)
         if rc != 0:
             raise RuntimeError(f"direct conv {s.name} ({self.lib.kernel_key}) failed with status {rc}")
@@ -98,15 +102,16 @@ def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=
 
 
 def random_operands(spec: ConvSpec, seed: int = 0):
-    """(x channels_last [N, C, H, W], weight [O, C, kh, kw], bias or None, residual or None),
-    seeded normal values, the weight scaled by 1/sqrt(C kh kw) (for tests and benchmarks)."""
+    """(x [N, C, H, W], weight [O, C, kh, kw], bias or None, residual or None) in the spec's
+    layouts, seeded normal values, the weight scaled by 1/sqrt(C kh kw) (for tests and benchmarks)."""
     g = torch.Generator().manual_seed(seed)
-    cl = torch.channels_last
-    x = torch.randn(spec.n, spec.c_in, spec.h, spec.w, generator=g).contiguous(memory_format=cl)
+    fmt = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
+    x = torch.randn(spec.n, spec.c_in, spec.h, spec.w, generator=g).contiguous(memory_format=fmt[spec.x_layout])
     weight = torch.randn(spec.c_out, spec.c_in, spec.kh, spec.kw, generator=g) * \
         (1.0 / (spec.c_in * spec.kh * spec.kw) ** 0.5)
     bias = torch.randn(spec.c_out, generator=g) if spec.bias else None
-    residual = torch.randn(spec.n, spec.c_out, spec.oh, spec.ow, generator=g).contiguous(memory_format=cl) \
+    residual = torch.randn(spec.n, spec.c_out, spec.oh, spec.ow, generator=g).contiguous(
+        memory_format=fmt[spec.residual_layout]) \
         if spec.residual else None
     return x, weight, bias, residual
 

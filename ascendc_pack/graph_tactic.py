@@ -214,7 +214,8 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
 
 def plan_conv_kernel(planner, step: TacticStep, env: dict, program, scope: str) -> list:
     """A lowered convolution step run by a generated kernel (``tactic_convkernel``): it reads
-    NHWC memory (channels_last ``x`` and residual: views, else one relayouted copy) and a weight
+    ``x`` and the residual in the kernel's layouts (NHWC, or NCHW for an entry step's in-place
+    kernel: views, else one relayouted copy, shared when the residual is ``x``) and a weight
     packed at build, and writes the channels_last output into a planned buffer."""
     g, out = step.chosen, step.outputs[0]
     name = g["kernel"]
@@ -224,12 +225,14 @@ def plan_conv_kernel(planner, step: TacticStep, env: dict, program, scope: str) 
     if name not in planner.kernel_order:
         planner.kernel_order.append(name)
     index, actions = planner.kernel_order.index(name), []
+    layouts = {"x": g["spec"].get("x_layout", "nhwc"), "other": g["spec"].get("residual_layout", "nhwc")}
 
-    def nhwc(t: str, shape: tuple) -> Val:
-        return planner.kernel_input(name, t, env[step.bind[t]], (shape, _cl_strides(shape), "float32"), actions)
+    def stored(t: str, shape: tuple) -> Val:
+        strides = _cl_strides(shape) if layouts[t] == "nhwc" else contiguous_strides(shape)
+        return planner.kernel_input(name, t, env[step.bind[t]], (shape, strides, "float32"), actions)
 
     x_shape, out_shape = tuple(program.values[step.bind["x"]].shape), tuple(program.values[out].shape)
-    ins = [nhwc("x", x_shape)]
+    ins = [stored("x", x_shape)]
     for t in ("weight", "bias"):
         if t in step.bind:
             w = env[step.bind[t]]
@@ -237,7 +240,8 @@ def plan_conv_kernel(planner, step: TacticStep, env: dict, program, scope: str) 
                 raise RenderError(f"kernel {name}: its {t} is not a stored weight")
             ins.append(planner.kernel_input(name, t, w, (w.shape, contiguous_strides(w.shape), w.dtype), actions))
     if "other" in step.bind:
-        ins.append(nhwc("other", out_shape))
+        same = step.bind["other"] == step.bind["x"] and layouts["other"] == layouts["x"]
+        ins.append(ins[0] if same else stored("other", out_shape))
     if ref.n_inputs != len(ins) or ref.n_outputs != 1:
         raise RenderError(f"kernel {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")
     y = planner.new_buf(f"{scope}{out} ({name})", out_shape, _cl_strides(out_shape), "float32")

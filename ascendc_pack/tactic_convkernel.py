@@ -1,18 +1,20 @@
 """Generated convolution kernels as tactic candidates of convolution steps (docs/TACTICS.md).
 
-Two kernel families, both float32 and NHWC, each with a bias or a folded BatchNorm, a residual
-``add`` and one activation fused:
+Kernel families, all float32 with a bias or a folded BatchNorm, a residual ``add`` and one
+activation fused:
 
 * ``dwconv`` (:mod:`ascendc_pack.dwconv`, docs/DWCONV.md): depthwise convolutions (channel
   multiplier 1, any kernel size, stride, padding and dilation); weight packed ``[kh, kw, C]``;
 * ``directconv`` (:mod:`ascendc_pack.directconv`, docs/DIRECTCONV.md): dense convolutions
   (groups 1) but the 1x1 stride-1 ones, which are GEMMs (:mod:`ascendc_pack.tactic_gemm`);
-  weight packed in output-channel blocks of the candidate's ``ocb``.
+  weight packed in output-channel blocks of the candidate's ``ocb``;
+* ``directconv_nchw``: the same kernel reading an entry step's NCHW ``x`` (and residual) in place.
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
 channels_last ``x``; an NCHW one is copied, which the candidate's timing pays like the graph
-does) and the weight packed at build (the BatchNorm folded in, stored in the bundle), and writes
+does; one copy when the residual is ``x`` itself), or NCHW for ``directconv_nchw``, and the
+weight packed at build (the BatchNorm folded in, stored in the bundle), and writes
 the channels_last output. Like a generated GEMM it is verified in the kernel sandbox before it
 is timed, and a chosen one launches from graph.cpp like a fused kernel, its library a bundle
 member.
@@ -33,6 +35,7 @@ import torch
 from . import directconv, dwconv
 from .candidate import Candidate
 from .compiler import compile_kernels
+from .cache import stable_hash
 from .conv_common import UNARY_OPS, fold_affine
 from .directconv_launch import ConvKernel
 from .dwconv_launch import DwConvKernel
@@ -44,6 +47,7 @@ from .verify import verify_in_sandbox
 log = logging.getLogger("ascendc_pack")
 
 CL = torch.channels_last
+CL_NAME = "channels_last"  # a step description's layout
 MIN_DIRECT_CHANNELS = 8
 """The direct convolution vectorizes over output channels: fewer than a vector's worth is slow."""
 CONV_KERNEL_TILINGS = 1
@@ -91,14 +95,22 @@ def _dw_spec(step: TacticStep):
         tuple(d["dilation"]), bias=bias, epilogue=epi), step)
 
 
-def _direct_spec(step: TacticStep):
+def _direct_spec(step: TacticStep, in_place: bool = False):
+    """The direct convolution of ``step`` reading NHWC memory (an NCHW ``x`` copied first), or with
+    ``in_place`` an entry step's NCHW ``x`` (and residual) as they arrive (None for other steps)."""
     d = step.desc
     gemm = tuple(d["kernel"]) == (1, 1) and tuple(d["stride"]) == (1, 1) and tuple(d["padding"]) == (0, 0)
     if d["groups"] != 1 or gemm or d["out_channels"] < MIN_DIRECT_CHANNELS or not _fusable(step):
         return None
+    x_layout = "nchw" if d.get("position") != "interior" and d["layout"] != CL_NAME else "nhwc"
+    if in_place and x_layout != "nchw":
+        return None
+    layouts = dict(x_layout=x_layout, residual_layout="nhwc" if d.get("other_layout") == CL_NAME else "nchw") \
+        if in_place else {}
     return _spec(lambda d, bias, epi: directconv.ConvSpec.from_conv(
-        f"directconv_{step.name}", tuple(d["x_shape"]), (d["out_channels"], d["x_shape"][1], *d["kernel"]),
-        tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]), bias=bias, epilogue=epi), step)
+        f"directconv{'_nchw' if in_place else ''}_{step.name}", tuple(d["x_shape"]),
+        (d["out_channels"], d["x_shape"][1], *d["kernel"]), tuple(d["stride"]), tuple(d["padding"]),
+        tuple(d["dilation"]), bias=bias, epilogue=epi, **layouts), step)
 
 
 def _packed(pack):
@@ -113,11 +125,16 @@ def _packed(pack):
     return weights
 
 
+_direct_weights = _packed(lambda w, cand: directconv.pack_weight(w, directconv.ConvTiling.parse(cand.tiling_repr).ocb))
+# A step may get kernels of several families (an entry convolution: the direct kernel on a copy
+# of its NCHW input and the one reading it in place; PGO picks: in place was 8 % faster on
+# resnet18's 3-channel stem, 28 % slower in CPU time on conv_block's 32 channels of 56x56)
 FAMILIES = {f.name: f for f in (
     Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel,
            _packed(lambda w, cand: dwconv.pack_weight(w))),
-    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel,
-           _packed(lambda w, cand: directconv.pack_weight(w, directconv.ConvTiling.parse(cand.tiling_repr).ocb))))}
+    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_weights),
+    Family("directconv_nchw", lambda step: _direct_spec(step, in_place=True), directconv.ConvSpec.from_json,
+           directconv.plan, ConvKernel, _direct_weights))}
 
 
 @dataclass(frozen=True)
@@ -140,10 +157,21 @@ class ConvKernelTactic:
 
     @property
     def key(self) -> str:
-        return self.candidate.kernel_key
+        """The candidate's key among the step's: its kernel's name and key (one tiling of two
+        families' kernels has one ``kernel_key``, unique within a kernel name only)."""
+        return stable_hash(self.spec.name, self.candidate.kernel_key)[:32]
 
     def param(self, key: str, default=None):
-        return {"layout": "channels_last", "out_layout": "channels_last"}.get(key, default)
+        """``layout``: the format ``x`` is read in; ``out_layout``: always channels_last."""
+        return {"layout": "contiguous" if self.x_layout == "nchw" else CL_NAME, "out_layout": CL_NAME}.get(key, default)
+
+    @property
+    def x_layout(self) -> str:
+        return getattr(self.spec, "x_layout", "nhwc")
+
+    @property
+    def residual_layout(self) -> str:
+        return getattr(self.spec, "residual_layout", "nhwc")
 
     @property
     def out_shape(self) -> tuple:
@@ -171,10 +199,10 @@ class ConvKernelTactic:
         return ConvKernelTactic(fam.name, fam.spec_from_json(chosen["spec"]), cand, chosen["so_path"], 0, False)
 
 
-def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, tuple[str, object]]:
-    """``(family, build)`` of every convolution step a kernel family takes (by step name), with
-    its first :data:`CONV_KERNEL_TILINGS` candidates rendered."""
-    out = {}
+def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, list[tuple[str, object]]]:
+    """``[(family, build), ...]`` of every convolution step kernel families take (by step name),
+    each with its first :data:`CONV_KERNEL_TILINGS` candidates rendered."""
+    out: dict[str, list] = {}
     target = None
     cfg = dataclasses.replace(config, topn=min(config.topn, CONV_KERNEL_TILINGS))
     for s in steps:
@@ -182,8 +210,7 @@ def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, tuple[str, o
             spec = fam.spec_of(s) if s.tactic_kind == "conv" else None
             if spec is not None:
                 target = target or GemmTarget.detect(config.effective_cores, config.march)
-                out[s.name] = (fam.name, fam.plan(spec, cfg, target))
-                break
+                out.setdefault(s.name, []).append((fam.name, fam.plan(spec, cfg, target)))
     return out
 
 
@@ -193,10 +220,10 @@ def compile_conv_kernel_plans(plans: dict, affine: dict, config, progress=None) 
     BatchNorm)."""
     if not plans:
         return {}
-    out: dict[str, list[ConvKernelTactic]] = {}
-    compiled = compile_kernels([b.build for _, b in plans.values()], config, progress)
-    for (name, (family, b)), ck in zip(plans.items(), compiled):
-        out[name] = []
+    out: dict[str, list[ConvKernelTactic]] = {name: [] for name in plans}
+    flat = [(name, family, b) for name, builds in plans.items() for family, b in builds]
+    compiled = compile_kernels([b.build for _, _, b in flat], config, progress)
+    for (name, family, b), ck in zip(flat, compiled):
         for rank, (cand, cc) in enumerate(zip(b.candidates, ck.candidates)):
             if not cc.ok:
                 log.info("%s %s candidate #%d did not compile", family, b.spec.name, rank)
@@ -205,8 +232,12 @@ def compile_conv_kernel_plans(plans: dict, affine: dict, config, progress=None) 
     return out
 
 
-def _channels_last(t: torch.Tensor) -> bool:
-    return t.dim() == 4 and t.is_contiguous(memory_format=CL)
+MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
+
+
+def in_layout(t: torch.Tensor, layout: str) -> bool:
+    """``t`` is stored as a kernel reading ``layout`` ("nhwc" / "nchw") needs it."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=MEMORY_FORMATS[layout])
 
 
 class ConvKernelRunner:
@@ -216,21 +247,24 @@ class ConvKernelRunner:
 
     def __init__(self, t: ConvKernelTactic, named: dict):
         self.t = t
-        self.kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.key)
+        self.kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
         w = t.kernel_weights(named)
         self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.x_spec = TensorSpec.of(named["x"])
-        ins = [self._nhwc(named["x"]), w["weight"]] + ([w["bias"]] if "bias" in w else [])
-        if "other" in named:
-            ins.append(self._nhwc(named["other"]))
+        x = self._stored(named["x"], t.x_layout)
+        ins = [x, w["weight"]] + ([w["bias"]] if "bias" in w else [])
+        if "other" in named:  # a residual that is x (conv_block) shares its copy
+            same = named["other"] is named["x"] and t.residual_layout == t.x_layout
+            ins.append(x if same else self._stored(named["other"], t.residual_layout))
         self.ins = ins
         self.out = torch.empty(t.out_shape, memory_format=CL)
         self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer)
 
-    def _nhwc(self, t: torch.Tensor) -> torch.Tensor:
-        if _channels_last(t):
+    def _stored(self, t: torch.Tensor, layout: str) -> torch.Tensor:
+        """``t`` in ``layout`` (the kernel's): itself, or a copy refreshed before every call."""
+        if in_layout(t, layout):
             return t
-        buf = torch.empty_like(t, memory_format=CL)
+        buf = torch.empty_like(t, memory_format=MEMORY_FORMATS[layout])
         buf.copy_(t)
         self._copies.append((buf, t))
         return buf
@@ -254,17 +288,19 @@ class ConvKernelRunner:
 
 def lowered_conv_kernel_runner(chosen: dict, named: dict):
     """Python mode of a lowered step (``TacticStep.chosen``; ``named`` holds the packed weight):
-    returns ``run(named) -> the step's output`` (channels_last)."""
+    returns ``run(named) -> the step's output`` (channels_last; ``x`` and the residual
+    relayouted when they arrive in another layout than the kernel's)."""
     t = ConvKernelTactic.from_lowered(chosen)
-    kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.key)
+    kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
+
+    layouts = {"x": t.x_layout, "other": t.residual_layout}
 
     def run(named: dict) -> torch.Tensor:
-        nhwc = {n: (v if _channels_last(v) else v.contiguous(memory_format=CL))
-                for n, v in named.items() if n in ("x", "other")}
-        return kernel(nhwc["x"], named["weight"], named.get("bias"), nhwc.get("other"))
+        act = {n: v.contiguous(memory_format=MEMORY_FORMATS[layouts[n]]) for n, v in named.items() if n in layouts}
+        return kernel(act["x"], named["weight"], named.get("bias"), act.get("other"))
 
     return run
 
 
-__all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels",
+__all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels", "in_layout",
            "compile_conv_kernel_plans", "lowered_conv_kernel_runner", "CONV_KERNEL_TILINGS"]

@@ -74,16 +74,16 @@ def kernel_libraries(program: Program, choices: dict) -> dict[str, dict]:
         entry = out.get(g["kernel"])
         if entry is None:
             ch = choices[ts.name]
-            chosen = next(t for t in ch.candidates if t.key == g["kernel_key"])
             own = [(i, t) for i, t in enumerate(ch.candidates)
                    if isinstance(t, (GemmTactic, ConvKernelTactic)) and t.spec.name == g["kernel"]]
-            cands = tuple(contract.Candidate(j, t.key, t.candidate.tiling_repr, t.candidate.workspace,
+            chosen = next(t for _, t in own if t.candidate.kernel_key == g["kernel_key"])
+            cands = tuple(contract.Candidate(j, t.candidate.kernel_key, t.candidate.tiling_repr, t.candidate.workspace,
                                              t.candidate.block_dim, ch.results[i].median_us,
                                              ch.results[i].error is not None) for j, (i, t) in enumerate(own))
             entry = out[g["kernel"]] = {
                 "candidate": Candidate(g["tiling_repr"], g["workspace"], g["block_dim"]), "so_path": g["so_path"],
                 "n_inputs": chosen.spec.n_inputs, "visited": ch.visited,
-                "chosen_index": next(j for j, (_, t) in enumerate(own) if t.key == g["kernel_key"]),
+                "chosen_index": next(j for j, (_, t) in enumerate(own) if t.candidate.kernel_key == g["kernel_key"]),
                 "candidates": cands, "uses": []}
         entry["uses"].append({"inputs": list(dict.fromkeys(ts.bind.values())), "outputs": list(ts.outputs)})
     return out

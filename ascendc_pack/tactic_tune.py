@@ -190,7 +190,7 @@ class TacticTuner:
 
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         return sum(len(p.build.candidates) for p in self._gemms.values()) + \
-            sum(len(b.candidates) for _, b in self._conv_kernels.values()) + \
+            sum(len(b.candidates) for builds in self._conv_kernels.values() for _, b in builds) + \
             total_candidates(epi, dataclasses.replace(self.config, topn=1))
 
     def compile(self, progress=None) -> None:

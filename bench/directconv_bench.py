@@ -65,6 +65,10 @@ SHAPES = {
     "l4_3x3s2": (_spec("l4_3x3s2", 1, 256, 512, 14, 3, 2, 1, ("relu",)), "3x3/2 256->512 @14"),
     "l4_3x3": (_spec("l4_3x3", 1, 512, 512, 7, 3, 1, 1, RA), "3x3 512@7"),
     "conv_block": (_spec("conv_block", 8, 32, 32, 56, 3, 1, 1, RA), "conv_block 8x32x56x56 3x3"),
+    "stem_nchw": (ConvSpec("stem_nchw", 1, 3, 64, 224, 224, 7, 7, 2, 3, bias=True, epilogue=("relu",),
+                           x_layout="nchw"), "7x7/2 3->64 @224, NCHW x"),
+    "conv_block_nchw": (ConvSpec("conv_block_nchw", 8, 32, 32, 56, 56, 3, 3, 1, 1, bias=True, epilogue=RA,
+                                 x_layout="nchw", residual_layout="nchw"), "conv_block, NCHW x and residual"),
 }
 PHASES = {"cpu1": (1, time.thread_time), "wall1": (1, time.perf_counter), "wall2": (2, time.perf_counter)}
 
@@ -97,7 +101,7 @@ def bench_shape(spec: ConvSpec, config: BuildConfig, rounds: int, phases: list[s
             continue
         kernel = ConvKernel(spec, cc.so_path, cc.candidate.kernel_key)
         wp = kernel.prepare_weight(w)
-        out = torch.empty_like(ref)
+        out = torch.empty_like(ref, memory_format=torch.channels_last)
         kernel(x, wp, bias, res, out=out)
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
         args = [x, wp] + ([bias] if spec.bias else []) + ([res] if spec.residual else [])

@@ -103,24 +103,29 @@ def test_every_generated_candidate_of_every_convolution_is_verified_and_timed(tm
     for ch in convs:
         generated = [(t, r) for t, r in zip(ch.candidates, ch.results) if isinstance(t, (ConvGemmTactic,
                                                                                           ConvKernelTactic))]
-        assert 1 <= len(generated) <= max(CONV_TILINGS, CONV_KERNEL_TILINGS), ch.name
+        assert generated, ch.name
+        families = [getattr(t, "family", "gemm") for t, _ in generated]
+        assert all(families.count(f) <= max(CONV_TILINGS, CONV_KERNEL_TILINGS) for f in families), ch.name
+        # the stem (its x arrives NCHW) also gets the direct kernel reading x in place
+        assert ("directconv_nchw" in families) == (ch.desc.get("position") != "interior" and "directconv" in families)
         for t, r in generated:  # verified in the kernel sandbox against eager, then timed
             assert r.error is None and r.disqualified is None and r.median_us is not None, (ch.name, r)
             cl = torch.empty(t.out_shape).contiguous(memory_format=torch.channels_last).stride()
             assert same_layout(t.out_shape, r.values["out"].stride, t.out_shape, cl)  # C is the NHWC rows
 
 
-def test_convolutions_run_as_generated_kernels_in_the_graph(tmp_path, cache, monkeypatch):
-    """Forced to the generated kernels: the build's own check and a fresh process match eager;
-    channels_last operands are read in place; the libraries are bundle members."""
+def _force_generated(monkeypatch, families: tuple):
+    """Builds choose the generated GEMM or a kernel of ``families`` wherever one is a candidate."""
     real = TacticTuner.decisions
+
+    def generated(t):
+        return isinstance(t, ConvGemmTactic) or isinstance(t, ConvKernelTactic) and t.family in families
 
     def forced(self):
         out = real(self)
         for s in self.instances:
             names = [t.name for t in self.choices[s.name].candidates]
-            pick = next((i for i, t in enumerate(self.choices[s.name].candidates)
-                         if isinstance(t, (ConvGemmTactic, ConvKernelTactic))), None)
+            pick = next((i for i, t in enumerate(self.choices[s.name].candidates) if generated(t)), None)
             if pick is None:
                 pick = next((names.index(n) for n in ("onednn_cl", "onednn") if n in names), 0)
             out[id(s)] = pick
@@ -130,17 +135,59 @@ def test_convolutions_run_as_generated_kernels_in_the_graph(tmp_path, cache, mon
         return out
 
     monkeypatch.setattr(TacticTuner, "decisions", forced)
+
+
+def _relayouts(bundle) -> list[str]:
+    run = _member(bundle, "graph.cpp").decode().split("kRun[]")[1]
+    return [line for line in run.splitlines() if "aten.clone" in line or "AP_RELAYOUT" in line]
+
+
+@pytest.mark.parametrize("stem", ["directconv", "directconv_nchw"])
+def test_convolutions_run_as_generated_kernels_in_the_graph(tmp_path, cache, monkeypatch, stem):
+    """Forced to the generated kernels: the build's own check and a fresh process match eager;
+    channels_last operands are read in place, and the stem's NCHW input by ``directconv_nchw``;
+    the libraries are bundle members."""
+    _force_generated(monkeypatch, ("dwconv", stem))
     res, out = _build(tmp_path, cache, _model(), (_input(),))
     chosen = [ch.candidates[u["chosen_index"]] for ch in res.tactics.values() for u in ch.uses]
     assert sum(isinstance(t, ConvGemmTactic) for t in chosen) == 4
-    assert {t.family for t in chosen if isinstance(t, ConvKernelTactic)} == {"dwconv", "directconv"}
+    assert {t.family for t in chosen if isinstance(t, ConvKernelTactic)} == {"dwconv", stem}
     _fresh_process_matches(out, _model(), (_input(),), tmp_path)
     names = {k.name for k in rt.read_manifest(out).kernels}
-    assert any(n.startswith("dwconv_conv_") for n in names) and any(n.startswith("directconv_conv_") for n in names)
+    assert any(n.startswith("dwconv_conv_") for n in names) and any(n.startswith(f"{stem}_conv_") for n in names)
     assert sum(n.startswith("gemm_conv_") for n in names) == 4
-    run = _member(out, "graph.cpp").decode().split("kRun[]")[1]
-    copies = [line for line in run.splitlines() if "aten.clone" in line or "AP_RELAYOUT" in line]
-    assert len(copies) == 1, copies  # the NCHW input x, read by the stem
+    copies = _relayouts(out)
+    # the NCHW input x: copied for the NHWC stem, read in place by the other
+    assert len(copies) == (1 if stem == "directconv" else 0), copies
+
+
+class ResidualBlock(nn.Module):
+    """examples/conv_block.py's shape of graph: the convolution's residual is its own NCHW input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)) + x)
+        return F.avg_pool2d(y, 2), y.mean((2, 3))
+
+
+@pytest.mark.parametrize("family", ["directconv", "directconv_nchw"])
+def test_a_residual_that_is_the_input_is_read_once(tmp_path, cache, monkeypatch, family):
+    """x is the convolution's input and its residual: one NHWC copy serves both, or the
+    in-place kernel reads both NCHW; the bundle matches eager in a fresh process."""
+    _force_generated(monkeypatch, (family,))
+    torch.manual_seed(0)
+    model, x = ResidualBlock().eval(), torch.randn(2, 8, 6, 6, generator=torch.Generator().manual_seed(2))
+    res, out = _build(tmp_path, cache, model, (x,))
+    chosen = [ch.candidates[u["chosen_index"]] for ch in res.tactics.values() for u in ch.uses]
+    assert [t.family for t in chosen] == [family]
+    _fresh_process_matches(out, model, (x,), tmp_path)
+    assert len(_relayouts(out)) == (1 if family == "directconv" else 0), _relayouts(out)
 
 
 @pytest.mark.parametrize("x_cl", [False, True], ids=["x-nchw", "x-cl"])

@@ -47,6 +47,11 @@ CASES = [
     S("in1x1", 1, 5, 9, 1, 1, 3, 3, 1, 1, bias=True, epilogue=("tanh",)),
     S("k3p0_n2", 2, 12, 8, 6, 7, 3, 3, 1, 0, epilogue=("hardsigmoid",)),
     S("k3s1_28", 1, 32, 32, 28, 28, 3, 3, 1, 1, bias=True, epilogue=("add", "gelu_tanh")),
+    # NCHW (contiguous) input and residual, read in place: a graph's entry convolution
+    S("nchw_tails", 2, 37, 45, 12, 12, 3, 3, 1, 1, bias=True, epilogue=("add", "relu"), x_layout="nchw",
+      residual_layout="nchw"),
+    S("nchw_stem", 1, 3, 24, 23, 20, 7, 7, 2, 3, bias=True, epilogue=("relu",), x_layout="nchw"),
+    S("nchw_x_nhwc_res", 1, 16, 20, 9, 10, 3, 3, 1, 1, epilogue=("add",), x_layout="nchw"),
 ]
 TARGET = GemmTarget.detect(2)
 V = TARGET.lanes
@@ -56,6 +61,7 @@ FORCED = {
                    ConvTiling(4 * V, 2, 37, 3, 2, V), ConvTiling(3 * V, 4, 10, 1, 2, V)],
     "stem_c3": [ConvTiling(V, 14 if TARGET.registers >= 16 else 6, 3, 4, 2, V)],
     "rect_b2": [ConvTiling(2 * V, 3, 5, 2, 2, V)],
+    "nchw_tails": [ConvTiling(V, 1, 8, 12, 1, V), ConvTiling(4 * V, 2, 37, 3, 2, V)],
 }
 
 
@@ -280,6 +286,8 @@ def test_unbuildable_tilings_are_refused(tiling, match):
     (dict(w=3, kw=3, dilation=2, padding=(1, 0)), "larger than the padded input width"),
     (dict(n=1 << 16, h=256, w=256), "2\\^31 elements"),
     (dict(name="../x"), "direct conv kernel name"),
+    (dict(x_layout="NCHW"), "x_layout must be one of nhwc, nchw"),
+    (dict(residual_layout="cl"), "residual_layout must be one of nhwc, nchw"),
 ])
 def test_bad_specs_get_typed_errors(kwargs, match):
     base = dict(name="d", n=1, c_in=8, c_out=8, h=6, w=6, kh=3, kw=3)
@@ -312,6 +320,14 @@ def test_bad_operands_get_typed_errors_not_crashes(builds):
         kernel(x, wp, bias, res[:, :, :-1])
     with pytest.raises(ConvSpecError, match="out is"):
         kernel(x, wp, bias, res, out=torch.empty(1, spec.c_out, spec.oh, spec.ow))
+    nchw = next(s for s in CASES if s.name == "nchw_tails")
+    _, nchw_kernel = next(kernels(builds[nchw.name]))
+    x, w, bias, res = random_operands(nchw)
+    wp = nchw_kernel.prepare_weight(w)
+    with pytest.raises(ConvSpecError, match="x .x_layout / residual_layout 'nchw'. must be a contiguous"):
+        nchw_kernel(x.contiguous(memory_format=torch.channels_last), wp, bias, res)
+    with pytest.raises(ConvSpecError, match="residual .x_layout / residual_layout 'nchw'. must be a contiguous"):
+        nchw_kernel(x, wp, bias, res.contiguous(memory_format=torch.channels_last))
     other = next(s for s in CASES if s.name == "k3s2_odd")
     with pytest.raises(ConvSpecError, match="not this spec's"):
         ConvKernel(other, builds[spec.name].compiled.candidates[0].so_path)

@@ -429,6 +429,13 @@ case("mlp-epilogue-bf16", lambda x, b: cast(F.gelu(x + b, approximate="tanh"), F
      randn(8, 131, dtype=BF16), randn(131, dtype=BF16))
 case("masked-mean", lambda x, m: (x * m).sum(-1) / m.sum(-1).clamp(min=1), randn(7, 29), mask(7, 29).float())
 
+# (appended last: cases draw their inputs from one seeded stream in order)
+# a channels_last mean over H, W keeps [N, C] and C is contiguous: the col tiles (one or more per
+# batch row: TX divides C) vectorize over channels
+case("cl-f32-global-pool", lambda x: x.mean((2, 3)), randn(3, 64, 7, 9).contiguous(memory_format=_CL))
+case("cl-f32-se-squeeze-relu", lambda x: torch.relu(x.mean((2, 3), keepdim=True) - 0.1),
+     randn(2, 48, 5, 6).contiguous(memory_format=_CL))
+
 
 @pytest.fixture(scope="module")
 def kernel_cache(tmp_path_factory):
@@ -464,6 +471,7 @@ VECTORIZED = {
     "softmax-f32": (lambda x: torch.softmax(x, -1), [randn(64, 300)]),
     "layer-norm-bf16": (lambda x, w: F.layer_norm(x, (256,), w), [randn(64, 256, dtype=BF16), randn(256, dtype=BF16)]),
     "outer-sum-f32": (lambda x: (x.sum(0), x.amax(0)), [randn(300, 64)]),
+    "cl-mean-f32": (lambda x: x.mean((2, 3)), [randn(2, 64, 7, 9).contiguous(memory_format=torch.channels_last)]),
     "row-100k-f32": (lambda x: x - x.amax(-1, keepdim=True), [randn(2, 100003)]),
     "pointwise-mixed": (lambda x, m, a: (torch.where(m, x.exp(), 0.0), (a * 3 + 1) > 2, m & (x > 0), a.pow(2)),
                         [randn(32, 256), mask(32, 256), randint(32, 256, dtype=I32)]),
@@ -493,7 +501,7 @@ def test_inner_loops_vectorize(name, tmp_path):
             seen.add(shape)
             if t.params.get("lanes") == 8 and name == "pointwise-mixed":
                 continue  # 8 lanes of 1-byte bool stores: no vector mode; 16 lanes must vectorize
-            if name == "outer-sum-f32" and t.params["sched"] != "col":
+            if name in ("outer-sum-f32", "cl-mean-f32") and t.params["sched"] != "col":
                 continue  # row/split walk the reduced (strided) axis: gathers; `col` is the vector one
             src = render_kernel(step.kernel, t.params, "k", t.candidate.tiling_repr, t.candidate.workspace,
                                 t.candidate.block_dim, "isa")
