@@ -33,9 +33,9 @@ from typing import Callable
 import torch
 
 from . import directconv, dwconv
+from .cache import stable_hash
 from .candidate import Candidate
 from .compiler import compile_kernels
-from .cache import stable_hash
 from .conv_common import UNARY_OPS, fold_affine
 from .directconv_launch import ConvKernel
 from .dwconv_launch import DwConvKernel

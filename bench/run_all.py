@@ -178,7 +178,7 @@ def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[s
         build = report.build_row(r)
         rows.append([r["name"], report.fmt_spread(bp.get("bundleN")), report.fmt_spread(bp.get("bundle1")),
                      bench.label(peer, topn) if peer else "-", report.fmt_spread(vs.get("bundleN") or vs.get("bundle1")),
-                     build[-1]])
+                     build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
     return head, rows
 
 

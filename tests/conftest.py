@@ -34,7 +34,7 @@ SLOW_MODULES = {
     "test_directconv",
 }
 """Modules of the whole suite left out of the quick subset (``pytest -m "not slow"``, README: about
-2 minutes on 2 cores against about 13 for everything): parity through every candidate, end-to-end
+2 minutes on 2 cores against about 42 for everything on the Zen 3 CI host): parity through every candidate, end-to-end
 builds, servers, C++ programs. Measured with ``pytest --durations=0``; keep the subset under 3 minutes."""
 
 
