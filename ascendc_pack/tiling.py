@@ -158,20 +158,19 @@ def estimate_us(spec: KernelSpec, params: dict, target: Target) -> float:
     return t
 
 
+def _min_stride(spec: KernelSpec, axis: int) -> int | None:
+    """The smallest stride of ``axis`` among the loads that walk it (None: no load does)."""
+    return min((n.strides[axis] for n in spec.loads if n.strides[axis] != 0), default=None)
+
+
 def _inner_contiguous(spec: KernelSpec, layout: Layout) -> bool:
-    a = layout.inner[-1]
-    strides = [n.strides[a] for n in spec.loads if n.strides[a] != 0]
-    return not strides or min(strides) == 1
+    return _min_stride(spec, layout.inner[-1]) in (None, 1)
 
 
 def _rows_contiguous(spec: KernelSpec, layout: Layout) -> bool:
     """Consecutive rows (the last outer axis) are adjacent in memory: a col tile vectorizes over
     them (e.g. a channels_last tensor's mean over H, W: channels are contiguous)."""
-    if not layout.outer:
-        return False
-    a = layout.outer[-1]
-    strides = [n.strides[a] for n in spec.loads if n.strides[a] != 0]
-    return bool(strides) and min(strides) == 1
+    return bool(layout.outer) and _min_stride(spec, layout.outer[-1]) == 1
 
 
 def _space(spec: KernelSpec, cores: int) -> list[dict]:
