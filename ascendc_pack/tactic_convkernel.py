@@ -42,12 +42,12 @@ from .dwconv_launch import DwConvKernel
 from .gemm import GemmTarget
 from .program import TacticStep, TensorSpec
 from .tactic_gemm import epilogue_steps
+from .tactic_pass import CL as CL_NAME  # a step description's layout
 from .verify import verify_in_sandbox
 
 log = logging.getLogger("ascendc_pack")
 
 CL = torch.channels_last
-CL_NAME = "channels_last"  # a step description's layout
 MIN_DIRECT_CHANNELS = 8
 """The direct convolution vectorizes over output channels: fewer than a vector's worth is slow."""
 CONV_KERNEL_TILINGS = 1
@@ -102,10 +102,10 @@ def _direct_spec(step: TacticStep, in_place: bool = False):
     gemm = tuple(d["kernel"]) == (1, 1) and tuple(d["stride"]) == (1, 1) and tuple(d["padding"]) == (0, 0)
     if d["groups"] != 1 or gemm or d["out_channels"] < MIN_DIRECT_CHANNELS or not _fusable(step):
         return None
-    x_layout = "nchw" if d.get("position") != "interior" and d["layout"] != CL_NAME else "nhwc"
-    if in_place and x_layout != "nchw":
+    arrives_nchw = d.get("position") != "interior" and d["layout"] != CL_NAME
+    if in_place and not arrives_nchw:
         return None
-    layouts = dict(x_layout=x_layout, residual_layout="nhwc" if d.get("other_layout") == CL_NAME else "nchw") \
+    layouts = dict(x_layout="nchw", residual_layout="nhwc" if d.get("other_layout") == CL_NAME else "nchw") \
         if in_place else {}
     return _spec(lambda d, bias, epi: directconv.ConvSpec.from_conv(
         f"directconv{'_nchw' if in_place else ''}_{step.name}", tuple(d["x_shape"]),
