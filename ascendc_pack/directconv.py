@@ -494,7 +494,7 @@ def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
 _RESIDUAL_C = {"nhwc": "v += rp[j];", "nchw": "v += rp[j * OH * OW];"}
 
 
-def _epilogue_lines(spec: ConvSpec) -> list[str]:
+def epilogue_lines(spec: ConvSpec) -> list[str]:
     """C statements on the float ``v`` of output channel ``j`` of a tile row: bias, the steps."""
     return (["v += bp[j];"] if spec.bias else []) + \
         [_RESIDUAL_C[spec.residual_layout] if op == "add" else UNARY_C[op] for op in spec.epilogue]
@@ -506,7 +506,7 @@ def render(spec: ConvSpec, cand: ConvCandidate, isa: str) -> str:
     return template_env().get_template(TEMPLATE_NAME).render(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
         block_dim=c.block_dim, isa=isa, s=spec, t=t, oh=spec.oh, ow=spec.ow, cols=spec.interior_cols,
-        ob=-(-spec.c_out // t.ocb), n_inputs=spec.n_inputs, steps=_epilogue_lines(spec),
+        ob=-(-spec.c_out // t.ocb), n_inputs=spec.n_inputs, steps=epilogue_lines(spec),
         thread_floats=-(-edge_floats(spec, t) // 16) * 16)
 
 
@@ -554,5 +554,5 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
 
 __all__ = ["ConvBuild", "ConvCandidate", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
            "MAX_CANDIDATES", "PARALLEL_MIN_US", "UNARY_OPS", "check_tiling", "compile_convs", "edge_floats",
-           "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "propose", "render",
+           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "propose", "render",
            "row_tiles", "tile_cycles", "workspace_bytes"]

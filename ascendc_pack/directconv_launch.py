@@ -14,6 +14,7 @@ from ascendc_pack_runtime.kernels import KernelLibrary
 
 from .conv_common import apply_eager_epilogue, check_dense, check_nhwc
 
+from . import winograd
 from .directconv import ConvSpec, ConvSpecError, ConvTiling, pack_weight
 
 # the same table as dwconv_launch.py's
@@ -37,13 +38,15 @@ class ConvKernel:
     ``y`` as a channels_last ``[N, O, OH, OW]`` tensor. Not thread-safe: concurrent calls would
     share the workspace."""
 
+    tiling_type = ConvTiling
+
     def __init__(self, spec: ConvSpec, so_path: str | os.PathLike, kernel_key: str | None = None):
         self.spec = spec
         self.lib = KernelLibrary(so_path, kernel_key)
         if self.lib.info["n_inputs"] != spec.n_inputs or self.lib.info["name"] != spec.name:
             raise ConvSpecError(f"direct conv {spec.name}: {so_path} is kernel {self.lib.info['name']} "
                                 f"with {self.lib.info['n_inputs']} inputs, not this spec's")
-        self.tiling = ConvTiling.parse(self.lib.info["tiling_repr"])
+        self.tiling = self.tiling_type.parse(self.lib.info["tiling_repr"])
         self.workspace_buffer = torch.empty(self.lib.workspace, dtype=torch.uint8) if self.lib.workspace else None
 
     @property
@@ -63,6 +66,9 @@ class ConvKernel:
             got = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
             raise ConvSpecError(f"direct conv {s.name}: the weight must be [{s.c_out}, {s.c_in}, {s.kh}, {s.kw}], "
                                 f"got {got}")
+        return self.pack(weight)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return pack_weight(weight, self.ocb)
 
     def __call__(self, x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None = None,
@@ -71,7 +77,7 @@ class ConvKernel:
         s = self.spec
         _stored(s, "x", x, s.x_layout, s.c_in, s.h, s.w)
         _dense(s, "the packed weight", w_packed, self.packed_shape,
-               f" (pack the [O, C, kh, kw] weight with prepare_weight / pack_weight(w, {self.ocb}))")
+               f" (pack the [O, C, kh, kw] weight with kernel.prepare_weight)")
         ins = [x, w_packed]
         if s.bias:
             _dense(s, "bias (the kernel adds one)", bias, (s.c_out,), "")
@@ -92,6 +98,21 @@ class ConvKernel:
         if rc != 0:
             raise RuntimeError(f"direct conv {s.name} ({self.lib.kernel_key}) failed with status {rc}")
         return out
+
+
+class WinogradKernel(ConvKernel):
+    """One compiled Winograd F(2x2, 3x3) candidate (:mod:`ascendc_pack.winograd`): the operands
+    of :class:`ConvKernel`, the weight transformed and packed ``[O/ocb][16][C][ocb]``."""
+
+    tiling_type = winograd.WinoTiling
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        s = self.spec
+        return (-(-s.c_out // self.ocb), 16, s.c_in, self.ocb)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return winograd.pack_weight(weight, self.ocb)
 
 
 def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None) -> torch.Tensor:
@@ -116,4 +137,4 @@ def random_operands(spec: ConvSpec, seed: int = 0):
     return x, weight, bias, residual
 
 
-__all__ = ["ConvKernel", "eager_reference", "pack_weight", "random_operands"]
+__all__ = ["ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]

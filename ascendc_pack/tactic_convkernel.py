@@ -8,7 +8,10 @@ activation fused:
 * ``directconv`` (:mod:`ascendc_pack.directconv`, docs/DIRECTCONV.md): dense convolutions
   (groups 1) but the 1x1 stride-1 ones, which are GEMMs (:mod:`ascendc_pack.tactic_gemm`);
   weight packed in output-channel blocks of the candidate's ``ocb``;
-* ``directconv_nchw``: the same kernel reading an entry step's NCHW ``x`` (and residual) in place.
+* ``directconv_nchw``: the same kernel reading an entry step's NCHW ``x`` (and residual) in place;
+* ``winograd`` (:mod:`ascendc_pack.winograd`, docs/WINOGRAD.md): 3x3 stride-1 dense convolutions
+  with at least :data:`~ascendc_pack.winograd.MIN_CHANNELS` input channels as Winograd F(2x2, 3x3)
+  (2.25x fewer multiply-adds); weight transformed and packed at build.
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
@@ -32,12 +35,12 @@ from typing import Callable
 
 import torch
 
-from . import directconv, dwconv
+from . import directconv, dwconv, winograd
 from .cache import stable_hash
 from .candidate import Candidate
 from .compiler import compile_kernels
 from .conv_common import UNARY_OPS, fold_affine
-from .directconv_launch import ConvKernel
+from .directconv_launch import ConvKernel, WinogradKernel
 from .dwconv_launch import DwConvKernel
 from .gemm import GemmTarget
 from .program import TacticStep, TensorSpec
@@ -54,6 +57,9 @@ CONV_KERNEL_TILINGS = 1
 """Tilings of a convolution's generated kernel compiled per step (the cost model's first ones):
 efficientnet_b0 has 16 depthwise convolutions and each tiling is a compile in the cold build; the
 depthwise cost model was fitted to measured candidates (docs/DWCONV.md)."""
+WINOGRAD_TILINGS = 2
+"""The Winograd kernel's: its estimate ranks output-channel blocks and band modes within ~20 %,
+so PGO times the best and the best of another block or mode (measured 10-40 % apart)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Family:
     plan: Callable            # (spec, config, target) -> a build with .candidates and .build (KernelBuild)
     launcher: Callable        # (spec, so_path, kernel_key) -> kernel(x, weight, bias, residual)
     weights: Callable         # (spec, candidate, named weights, affine) -> {"weight": ..., "bias": ...}
+    tilings: int = CONV_KERNEL_TILINGS  # the cost model's first tilings compiled per step
 
 
 def _fusable(step: TacticStep) -> bool:
@@ -113,6 +120,24 @@ def _direct_spec(step: TacticStep, in_place: bool = False):
         tuple(d["dilation"]), bias=bias, epilogue=epi, **layouts), step)
 
 
+def _winograd_spec(step: TacticStep):
+    """The Winograd F(2x2, 3x3) convolution of a 3x3 stride-1 ``step`` (None for other steps)."""
+    d = step.desc
+    if tuple(d["kernel"]) != (3, 3) or tuple(d["stride"]) != (1, 1) or tuple(d["dilation"]) != (1, 1) \
+            or d["x_shape"][1] < winograd.MIN_CHANNELS:
+        return None
+    spec = _direct_spec(step)
+    if spec is None:
+        return None
+    try:
+        spec = dataclasses.replace(spec, name=spec.name.replace("directconv_", "winograd_", 1))
+        winograd.check_spec(spec)
+    except directconv.ConvSpecError as e:
+        log.debug("no Winograd kernel for %s: %s", step.name, e)
+        return None
+    return spec
+
+
 def _packed(pack):
     """The build-time weights of a family whose kernel reads ``pack(weight, candidate)``: the
     BatchNorm folded in first."""
@@ -134,7 +159,10 @@ FAMILIES = {f.name: f for f in (
            _packed(lambda w, cand: dwconv.pack_weight(w))),
     Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_weights),
     Family("directconv_nchw", lambda step: _direct_spec(step, in_place=True), directconv.ConvSpec.from_json,
-           directconv.plan, ConvKernel, _direct_weights))}
+           directconv.plan, ConvKernel, _direct_weights),
+    Family("winograd", _winograd_spec, directconv.ConvSpec.from_json, winograd.plan, WinogradKernel,
+           _packed(lambda w, cand: winograd.pack_weight(w, winograd.WinoTiling.parse(cand.tiling_repr).ocb)),
+           WINOGRAD_TILINGS))}
 
 
 @dataclass(frozen=True)
@@ -201,15 +229,15 @@ class ConvKernelTactic:
 
 def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, list[tuple[str, object]]]:
     """``[(family, build), ...]`` of every convolution step kernel families take (by step name),
-    each with its first :data:`CONV_KERNEL_TILINGS` candidates rendered."""
+    each with its family's first ``tilings`` candidates rendered."""
     out: dict[str, list] = {}
     target = None
-    cfg = dataclasses.replace(config, topn=min(config.topn, CONV_KERNEL_TILINGS))
     for s in steps:
         for fam in FAMILIES.values():
             spec = fam.spec_of(s) if s.tactic_kind == "conv" else None
             if spec is not None:
                 target = target or GemmTarget.detect(config.effective_cores, config.march)
+                cfg = dataclasses.replace(config, topn=min(config.topn, fam.tilings))
                 out.setdefault(s.name, []).append((fam.name, fam.plan(spec, cfg, target)))
     return out
 
@@ -303,4 +331,4 @@ def lowered_conv_kernel_runner(chosen: dict, named: dict):
 
 
 __all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels", "in_layout",
-           "compile_conv_kernel_plans", "lowered_conv_kernel_runner", "CONV_KERNEL_TILINGS"]
+           "compile_conv_kernel_plans", "lowered_conv_kernel_runner", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS"]

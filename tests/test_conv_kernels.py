@@ -23,7 +23,7 @@ import ascendc_pack_runtime as rt
 from ascendc_pack.config import BuildConfig
 from ascendc_pack_runtime.tensor_meta import same_layout
 from ascendc_pack.program import TacticStep
-from ascendc_pack.tactic_convkernel import CONV_KERNEL_TILINGS, ConvKernelTactic
+from ascendc_pack.tactic_convkernel import CONV_KERNEL_TILINGS, WINOGRAD_TILINGS, ConvKernelTactic
 from ascendc_pack.tactic_gemm import CONV_TILINGS, ConvGemmTactic, conv_gemm_spec
 from ascendc_pack.tactic_tune import TacticTuner
 
@@ -105,7 +105,7 @@ def test_every_generated_candidate_of_every_convolution_is_verified_and_timed(tm
                                                                                           ConvKernelTactic))]
         assert generated, ch.name
         families = [getattr(t, "family", "gemm") for t, _ in generated]
-        assert all(families.count(f) <= max(CONV_TILINGS, CONV_KERNEL_TILINGS) for f in families), ch.name
+        assert all(families.count(f) <= max(CONV_TILINGS, CONV_KERNEL_TILINGS, WINOGRAD_TILINGS) for f in families), ch.name
         # the stem (its x arrives NCHW) also gets the direct kernel reading x in place
         assert ("directconv_nchw" in families) == (ch.desc.get("position") != "interior" and "directconv" in families)
         for t, r in generated:  # verified in the kernel sandbox against eager, then timed
@@ -188,6 +188,48 @@ def test_a_residual_that_is_the_input_is_read_once(tmp_path, cache, monkeypatch,
     assert [t.family for t in chosen] == [family]
     _fresh_process_matches(out, model, (x,), tmp_path)
     assert len(_relayouts(out)) == (1 if family == "directconv" else 0), _relayouts(out)
+
+
+class BasicBlock(nn.Module):
+    """resnet's BasicBlock at 16 channels: two 3x3 stride-1 convolutions (Winograd's kind), the
+    first reading the NCHW input, the second interior with the residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.Conv2d(16, 16, 3, padding=1)
+        self.bn1, self.bn2 = nn.BatchNorm2d(16), nn.BatchNorm2d(16)
+        with torch.no_grad():
+            for bn in (self.bn1, self.bn2):
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + x)
+
+
+def test_winograd_candidates_are_verified_and_run_in_the_graph(tmp_path, cache, monkeypatch):
+    """Every 3x3 stride-1 step gets WINOGRAD_TILINGS Winograd candidates, verified against eager
+    and timed; forced to them, the bundle matches eager in a fresh process."""
+    torch.manual_seed(0)
+    model, x = BasicBlock().eval(), torch.randn(1, 16, 9, 10, generator=torch.Generator().manual_seed(3))
+    found = _found(model, x)
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=4, cache_dir=tmp_path / "t", jobs=2), FAST,
+                        compile_epilogue=False)
+    try:
+        tuner(x)
+    finally:
+        tuner.close()
+    for ch in tuner.choices.values():
+        wino = [(t, r) for t, r in zip(ch.candidates, ch.results) if getattr(t, "family", None) == "winograd"]
+        assert len(wino) == WINOGRAD_TILINGS, ch.name
+        assert all(r.error is None and r.disqualified is None and r.median_us is not None for _, r in wino), ch.name
+    _force_generated(monkeypatch, ("winograd",))
+    res, out = _build(tmp_path, cache, model, (x,))
+    chosen = [ch.candidates[u["chosen_index"]] for ch in res.tactics.values() for u in ch.uses]
+    assert [t.family for t in chosen] == ["winograd", "winograd"]
+    _fresh_process_matches(out, model, (x,), tmp_path)
+    assert sum(k.name.startswith("winograd_conv_") for k in rt.read_manifest(out).kernels) == 2
 
 
 @pytest.mark.parametrize("x_cl", [False, True], ids=["x-nchw", "x-cl"])
