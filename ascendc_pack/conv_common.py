@@ -4,6 +4,8 @@ threading threshold, and the launchers' operand checks and eager epilogue."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +46,32 @@ EAGER_UNARY = {
     "tanh": torch.tanh,
 }
 """Eager PyTorch's op for each unary step (what the kernels must match)."""
+
+
+class IntTiling:
+    """What a kernel's tiling (a frozen dataclass of int parameters) shares: ``tiling_repr``
+    (``name=value`` pairs, sorted by name, ``;``-separated: what its libraries describe) and
+    ``parse`` back; subclasses name the error class and the kernel kind for the message."""
+
+    error = ValueError
+    kind = "kernel"
+
+    @property
+    def tiling_repr(self) -> str:
+        return ";".join(f"{k}={getattr(self, k)}" for k in _field_names(type(self)))
+
+    @classmethod
+    def parse(cls, tiling_repr: str):
+        """The tiling of a candidate's ``tiling_repr`` (what a kernel library describes)."""
+        try:
+            d = dict(kv.split("=") for kv in tiling_repr.split(";"))
+            return cls(**{k: int(d[k]) for k in _field_names(cls)})
+        except (KeyError, ValueError, TypeError):
+            raise cls.error(f"not a {cls.kind} tiling: {tiling_repr!r}") from None
+
+
+def _field_names(cls) -> list[str]:
+    return sorted(f.name for f in fields(cls))
 
 
 def out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -100,5 +128,6 @@ def check_dense(error, kernel: str, what: str, t, shape, hint: str) -> None:
         raise error(f"{kernel}: {what} must be a contiguous CPU float32 {list(shape)} tensor{hint}, got {got}")
 
 
-__all__ = ["UNARY_OPS", "EPILOGUE_OPS", "UNARY_C", "PARALLEL_MIN_US", "Pair", "EAGER_UNARY", "out_size", "interior",
+__all__ = ["UNARY_OPS", "EPILOGUE_OPS", "UNARY_C", "PARALLEL_MIN_US", "Pair", "EAGER_UNARY", "IntTiling", "out_size",
+           "interior",
            "fold_affine", "apply_eager_epilogue", "check_nhwc", "check_dense"]

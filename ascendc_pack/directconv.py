@@ -23,7 +23,8 @@ has the details.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from .codegen import template_env
 from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
 from .config import BuildConfig
 from .errors import PackError
-from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, IntTiling, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
 from .gemm import GemmTarget
 from .tiling import PAYOFF_MARGIN, Target
 
@@ -216,7 +217,7 @@ def pack_weight(weight: torch.Tensor, ocb: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class ConvTiling:
+class ConvTiling(IntTiling):
     """A candidate's parameters: ``ocb`` output channels per block (``ocb / lanes`` vectors per
     register tile), ``owb`` output pixels of a row per register tile (``owb x ocb / lanes``
     accumulators), ``kc`` input channels per block (the block's weights, ``kh x kw x kc x ocb``,
@@ -230,22 +231,8 @@ class ConvTiling:
     bd: int
     lanes: int
 
-    @property
-    def tiling_repr(self) -> str:
-        return ";".join(f"{k}={getattr(self, k)}" for k in _TILING_FIELDS)
-
-    @staticmethod
-    def parse(tiling_repr: str) -> ConvTiling:
-        """The tiling of a candidate's ``tiling_repr`` (what a kernel library describes)."""
-        try:
-            d = dict(kv.split("=") for kv in tiling_repr.split(";"))
-            return ConvTiling(**{k: int(d[k]) for k in _TILING_FIELDS})
-        except (KeyError, ValueError, TypeError):
-            raise ConvSpecError(f"not a direct-convolution tiling: {tiling_repr!r}") from None
-
-
-_TILING_FIELDS = sorted(f.name for f in fields(ConvTiling))
-
+    kind = "direct-convolution"
+    error = ConvSpecError
 
 def check_tiling(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> None:
     """Raise :class:`ConvSpecError` unless ``t`` is a tiling the template can build for
@@ -527,17 +514,24 @@ def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
          tilings: list[ConvTiling] | None = None) -> ConvBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order: e.g. one fixed tiling per step) and render their sources."""
+    return plan_with(sys.modules[__name__], spec, config, target, tilings)
+
+
+def plan_with(kernel, spec: ConvSpec, config: BuildConfig, target: GemmTarget | None, tilings) -> ConvBuild:
+    """:func:`plan` for the kernel generator module ``kernel`` (this one, or
+    :mod:`ascendc_pack.winograd`: its ``propose``, ``check_tiling``, ``workspace_bytes``,
+    ``estimate_us``, ``render`` and ``TEMPLATE_VERSION``)."""
     target = target or GemmTarget.detect(config.effective_cores, config.march)
     isa = ",".join(isa_features(config.march))
-    ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
+    ahash = artifact_hash(spec.spec_text(), kernel.TEMPLATE_VERSION, config.cores, config.march)
     if tilings is None:
-        cands = propose(spec, target, config.topn)
+        cands = kernel.propose(spec, target, config.topn)
     else:
         for t in tilings:
-            check_tiling(spec, t, target)
-        cands = [ConvCandidate(t, Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd),
-                               estimate_us(spec, t, target)) for t in tilings]
-    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
+            kernel.check_tiling(spec, t, target)
+        cands = [ConvCandidate(t, Candidate(t.tiling_repr, kernel.workspace_bytes(spec, t), t.bd),
+                               kernel.estimate_us(spec, t, target)) for t in tilings]
+    sources = [CandidateSource(c.candidate, kernel.render(spec, c, isa)) for c in cands]
     return ConvBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
 
 
@@ -554,5 +548,5 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
 
 __all__ = ["ConvBuild", "ConvCandidate", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
            "MAX_CANDIDATES", "PARALLEL_MIN_US", "UNARY_OPS", "check_tiling", "compile_convs", "edge_floats",
-           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "propose", "render",
-           "row_tiles", "tile_cycles", "workspace_bytes"]
+           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "plan_with", "propose",
+           "render", "row_tiles", "tile_cycles", "workspace_bytes"]

@@ -22,7 +22,8 @@ sum's: it must stay within the float32 tolerance). docs/WINOGRAD.md has the deta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,11 +31,10 @@ import torch
 from .cache import stable_hash
 from .candidate import Candidate
 from .codegen import template_env
-from .compiler import CandidateSource, KernelBuild, artifact_hash, isa_features
 from .config import BuildConfig
-from .conv_common import PARALLEL_MIN_US
+from .conv_common import PARALLEL_MIN_US, IntTiling
 from .directconv import (TILE_CYCLES, _UNARY_CYCLES, ConvBuild, ConvCandidate, ConvSpec, ConvSpecError, epilogue_lines,
-                         tile_cycles)
+                         plan_with, tile_cycles)
 from .gemm import GemmTarget
 from .tiling import PAYOFF_MARGIN, Target
 
@@ -97,7 +97,7 @@ def pack_weight(weight: torch.Tensor, ocb: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class WinoTiling:
+class WinoTiling(IntTiling):
     """A candidate's parameters: ``ocb`` output channels per block (``ocb / lanes`` vectors of a
     register tile), ``tb`` tiles per register tile, ``tblk`` tiles per task (a multiple of
     ``tb``), ``br`` tile rows per band (the transformed input of a band is one buffer), ``bd``
@@ -112,21 +112,8 @@ class WinoTiling:
     lanes: int
     local: int = 0
 
-    @property
-    def tiling_repr(self) -> str:
-        return ";".join(f"{k}={getattr(self, k)}" for k in _TILING_FIELDS)
-
-    @staticmethod
-    def parse(tiling_repr: str) -> WinoTiling:
-        try:
-            d = dict(kv.split("=") for kv in tiling_repr.split(";"))
-            return WinoTiling(**{k: int(d[k]) for k in _TILING_FIELDS})
-        except (KeyError, ValueError, TypeError):
-            raise ConvSpecError(f"not a Winograd tiling: {tiling_repr!r}") from None
-
-
-_TILING_FIELDS = sorted(f.name for f in fields(WinoTiling))
-
+    kind = "Winograd"
+    error = ConvSpecError
 
 def tiles(spec: ConvSpec) -> tuple[int, int]:
     """Tile rows and tile columns of an image (2x2 output pixels per tile)."""
@@ -296,18 +283,7 @@ def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
          tilings: list[WinoTiling] | None = None) -> ConvBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order) and render their sources."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    isa = ",".join(isa_features(config.march))
-    ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
-    if tilings is None:
-        cands = propose(spec, target, config.topn)
-    else:
-        for t in tilings:
-            check_tiling(spec, t, target)
-        cands = [ConvCandidate(t, Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd),
-                               estimate_us(spec, t, target)) for t in tilings]
-    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
-    return ConvBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
+    return plan_with(sys.modules[__name__], spec, config, target, tilings)
 
 
 __all__ = ["MAX_CANDIDATES", "MIN_CHANNELS", "WinoTiling", "buffer_floats", "check_spec", "check_tiling",
