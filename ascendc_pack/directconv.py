@@ -437,6 +437,23 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[ConvTiling]:
     return out
 
 
+def scored_space(spec: ConvSpec, target: GemmTarget, space, workspace, estimate) -> list[ConvCandidate]:
+    """The distinct tilings of ``space`` as estimated candidates (``workspace(spec, t)`` bytes,
+    ``estimate(spec, t, target)`` µs), lowest estimate first; multi-thread ones only where the
+    best single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
+    ``PAYOFF_MARGIN`` of it."""
+    scored, seen = [], set()
+    for t in space:
+        cand = Candidate(t.tiling_repr, workspace(spec, t), t.bd)
+        if cand.kernel_key not in seen:
+            seen.add(cand.kernel_key)
+            scored.append(ConvCandidate(t, cand, estimate(spec, t, target)))
+    single = min(c.est_us for c in scored if c.tiling.bd == 1)
+    scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
+                                                        and c.est_us <= PAYOFF_MARGIN * single)]
+    return sorted(scored, key=lambda c: (c.est_us, c.candidate.tiling_repr))
+
+
 def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[ConvCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, deterministic,
     never more threads than ``target.cores``. Multi-thread candidates appear only where the best
@@ -444,16 +461,7 @@ def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
     ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: the best of every thread count, then
     of up to three register tiles per thread count, then the best input-blocked one (kc < c_in)
     come before the runners-up."""
-    scored, seen = [], set()
-    for t in _space(spec, target):
-        cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
-        if cand.kernel_key not in seen:
-            seen.add(cand.kernel_key)
-            scored.append(ConvCandidate(t, cand, estimate_us(spec, t, target)))
-    single = min(c.est_us for c in scored if c.tiling.bd == 1)
-    scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
-                                                        and c.est_us <= PAYOFF_MARGIN * single)]
-    scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us)
     ranked: dict[int, ConvCandidate] = {}  # by id: insertion-ordered
     firsts: dict = {}
     for c in scored:
@@ -548,5 +556,5 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
 
 __all__ = ["ConvBuild", "ConvCandidate", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
            "MAX_CANDIDATES", "PARALLEL_MIN_US", "UNARY_OPS", "check_tiling", "compile_convs", "edge_floats",
-           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "plan_with", "propose",
+           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "plan_with", "propose", "scored_space",
            "render", "row_tiles", "tile_cycles", "workspace_bytes"]

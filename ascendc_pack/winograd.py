@@ -29,14 +29,13 @@ from pathlib import Path
 import torch
 
 from .cache import stable_hash
-from .candidate import Candidate
 from .codegen import template_env
 from .config import BuildConfig
-from .conv_common import PARALLEL_MIN_US, IntTiling
+from .conv_common import IntTiling
 from .directconv import (TILE_CYCLES, _UNARY_CYCLES, ConvBuild, ConvCandidate, ConvSpec, ConvSpecError, epilogue_lines,
-                         plan_with, tile_cycles)
+                         plan_with, scored_space, tile_cycles)
 from .gemm import GemmTarget
-from .tiling import PAYOFF_MARGIN, Target
+from .tiling import Target
 
 MAX_CANDIDATES = 6
 TEMPLATE_NAME = "kernel/winograd.cpp.j2"
@@ -235,20 +234,11 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[WinoTiling]:
 
 
 def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[ConvCandidate]:
-    """Up to ``min(topn, 6)`` distinct candidates, best (lowest estimate) first; multi-thread
-    ones only where the best single-thread estimate is at least :data:`PARALLEL_MIN_US` and they
-    are within ``PAYOFF_MARGIN`` of it."""
+    """Up to ``min(topn, 6)`` distinct candidates (multi-thread ones where they pay:
+    :func:`~ascendc_pack.directconv.scored_space`), the best first, then for variety the best of
+    another output-channel block and of the other band mode, then the rest by estimate."""
     check_spec(spec)
-    scored, seen = [], set()
-    for t in _space(spec, target):
-        cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
-        if cand.kernel_key not in seen:
-            seen.add(cand.kernel_key)
-            scored.append(ConvCandidate(t, cand, estimate_us(spec, t, target)))
-    single = min(c.est_us for c in scored if c.tiling.bd == 1)
-    scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
-                                                        and c.est_us <= PAYOFF_MARGIN * single)]
-    scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us)
     # variety for PGO (the estimate ranks register tiles and band modes within ~20 %): the best,
     # then the best of another output-channel block, then the best of the other band mode
     firsts: dict = {}
