@@ -32,8 +32,8 @@ from .cache import stable_hash
 from .codegen import template_env
 from .config import BuildConfig
 from .conv_common import IntTiling
-from .directconv import (TILE_CYCLES, _UNARY_CYCLES, ConvBuild, ConvCandidate, ConvSpec, ConvSpecError, epilogue_lines,
-                         plan_with, scored_space, tile_cycles)
+from .directconv import (GHZ, TILE_CYCLES, _UNARY_CYCLES, ConvBuild, ConvCandidate, ConvSpec, ConvSpecError,
+                         epilogue_lines, plan_with, scored_space, tile_cycles)
 from .gemm import GemmTarget
 from .tiling import Target
 
@@ -200,7 +200,7 @@ def estimate_us(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> float:
     # shared: each band's tasks split over the threads; local: whole bands do
     tasks = s.n * len(bands) if t.local else max(1, tasks_total // len(bands))
     par = min(t.bd, tasks)
-    compute = cyc / par * (-(-tasks // par) * par / tasks) / (2.8 * 1e3)
+    compute = cyc / par * (-(-tasks // par) * par / tasks) / (GHZ * 1e3)
     mem_us = mem / (MEM_GBPS * 1e3 * par)
     us = max(compute, mem_us) + 0.2 * min(compute, mem_us)
     if t.bd > 1:
