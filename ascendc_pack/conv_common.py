@@ -11,7 +11,9 @@ import torch.nn.functional as F
 
 from ascendc_pack_runtime.tensor_meta import same_layout
 
+from .candidate import Candidate
 from .gemm import EPILOGUE_C as GEMM_EPILOGUE_C
+from .tiling import PAYOFF_MARGIN
 
 UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid", "tanh")
 EPILOGUE_OPS = ("add",) + UNARY_OPS
@@ -74,6 +76,23 @@ def _field_names(cls) -> list[str]:
     return sorted(f.name for f in fields(cls))
 
 
+def scored_space(spec, target, space, workspace, estimate, make) -> list:
+    """The distinct tilings of ``space`` as estimated candidates ``make(tiling, Candidate,
+    est_us)`` (``workspace(spec, t)`` bytes, ``estimate(spec, t, target)`` µs), lowest estimate
+    first; multi-thread ones only where the best single-thread estimate is at least
+    :data:`PARALLEL_MIN_US` and they are within ``PAYOFF_MARGIN`` of it."""
+    scored, seen = [], set()
+    for t in space:
+        cand = Candidate(t.tiling_repr, workspace(spec, t), t.bd)
+        if cand.kernel_key not in seen:
+            seen.add(cand.kernel_key)
+            scored.append(make(t, cand, estimate(spec, t, target)))
+    single = min(c.est_us for c in scored if c.tiling.bd == 1)
+    scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
+                                                        and c.est_us <= PAYOFF_MARGIN * single)]
+    return sorted(scored, key=lambda c: (c.est_us, c.candidate.tiling_repr))
+
+
 def out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     """Output positions along one axis of a convolution."""
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
@@ -128,6 +147,5 @@ def check_dense(error, kernel: str, what: str, t, shape, hint: str) -> None:
         raise error(f"{kernel}: {what} must be a contiguous CPU float32 {list(shape)} tensor{hint}, got {got}")
 
 
-__all__ = ["UNARY_OPS", "EPILOGUE_OPS", "UNARY_C", "PARALLEL_MIN_US", "Pair", "EAGER_UNARY", "IntTiling", "out_size",
-           "interior",
-           "fold_affine", "apply_eager_epilogue", "check_nhwc", "check_dense"]
+__all__ = ["UNARY_OPS", "EPILOGUE_OPS", "UNARY_C", "PARALLEL_MIN_US", "Pair", "EAGER_UNARY", "IntTiling", "scored_space",
+           "out_size", "interior", "fold_affine", "apply_eager_epilogue", "check_nhwc", "check_dense"]

@@ -35,9 +35,9 @@ from .codegen import template_env
 from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
 from .config import BuildConfig
 from .errors import PackError
-from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, IntTiling, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, IntTiling, scored_space, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
 from .gemm import GemmTarget
-from .tiling import PAYOFF_MARGIN, Target
+from .tiling import Target
 
 MAX_CANDIDATES = 10
 # memory layouts x and the residual may have: "nhwc" (a channels_last [N, C, H, W] tensor) or
@@ -437,23 +437,6 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[ConvTiling]:
     return out
 
 
-def scored_space(spec: ConvSpec, target: GemmTarget, space, workspace, estimate) -> list[ConvCandidate]:
-    """The distinct tilings of ``space`` as estimated candidates (``workspace(spec, t)`` bytes,
-    ``estimate(spec, t, target)`` µs), lowest estimate first; multi-thread ones only where the
-    best single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
-    ``PAYOFF_MARGIN`` of it."""
-    scored, seen = [], set()
-    for t in space:
-        cand = Candidate(t.tiling_repr, workspace(spec, t), t.bd)
-        if cand.kernel_key not in seen:
-            seen.add(cand.kernel_key)
-            scored.append(ConvCandidate(t, cand, estimate(spec, t, target)))
-    single = min(c.est_us for c in scored if c.tiling.bd == 1)
-    scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
-                                                        and c.est_us <= PAYOFF_MARGIN * single)]
-    return sorted(scored, key=lambda c: (c.est_us, c.candidate.tiling_repr))
-
-
 def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[ConvCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, deterministic,
     never more threads than ``target.cores``. Multi-thread candidates appear only where the best
@@ -461,7 +444,7 @@ def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
     ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: the best of every thread count, then
     of up to three register tiles per thread count, then the best input-blocked one (kc < c_in)
     come before the runners-up."""
-    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us)
+    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us, ConvCandidate)
     ranked: dict[int, ConvCandidate] = {}  # by id: insertion-ordered
     firsts: dict = {}
     for c in scored:
@@ -556,5 +539,5 @@ def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget
 
 __all__ = ["ConvBuild", "ConvCandidate", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
            "MAX_CANDIDATES", "PARALLEL_MIN_US", "UNARY_OPS", "check_tiling", "compile_convs", "edge_floats",
-           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "plan_with", "propose", "scored_space",
+           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "plan_with", "propose",
            "render", "row_tiles", "tile_cycles", "workspace_bytes"]

@@ -33,9 +33,9 @@ from .codegen import template_env
 from .compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
 from .config import BuildConfig
 from .errors import PackError
-from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from .conv_common import EPILOGUE_OPS, PARALLEL_MIN_US, UNARY_C, scored_space, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
 from .gemm import GemmTarget
-from .tiling import PAYOFF_MARGIN, Target
+from .tiling import Target
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/dwconv.cpp.j2"
@@ -381,16 +381,7 @@ def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) ->
     ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: every thread count gets an equal
     share (the cost model cannot know whether the other cores are busy), and within one the best
     few channel and column blocks come before the runners-up."""
-    scored, seen = [], set()
-    for t in _space(spec, target):
-        cand = Candidate(t.tiling_repr, 0, t.bd)
-        if cand.kernel_key not in seen:
-            seen.add(cand.kernel_key)
-            scored.append(DwConvCandidate(t, cand, estimate_us(spec, t, target)))
-    single = min(c.est_us for c in scored if c.tiling.bd == 1)
-    scored = [c for c in scored if c.tiling.bd == 1 or (single >= PARALLEL_MIN_US
-                                                        and c.est_us <= PAYOFF_MARGIN * single)]
-    scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    scored = scored_space(spec, target, _space(spec, target), lambda s, t: 0, estimate_us, DwConvCandidate)
     groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
     groups.sort(key=lambda g: g[0].est_us)
     picked = [c for row in itertools.zip_longest(*groups) for c in row if c is not None]

@@ -122,12 +122,8 @@ def _direct_spec(step: TacticStep, in_place: bool = False):
 
 def _winograd_spec(step: TacticStep):
     """The Winograd F(2x2, 3x3) convolution of a 3x3 stride-1 ``step`` (None for other steps)."""
-    d = step.desc
-    if tuple(d["kernel"]) != (3, 3) or tuple(d["stride"]) != (1, 1) or tuple(d["dilation"]) != (1, 1) \
-            or d["x_shape"][1] < winograd.MIN_CHANNELS:
-        return None
     spec = _direct_spec(step)
-    if spec is None:
+    if spec is None or spec.c_in < winograd.MIN_CHANNELS:
         return None
     try:
         spec = dataclasses.replace(spec, name=spec.name.replace("directconv_", "winograd_", 1))

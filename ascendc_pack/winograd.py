@@ -31,9 +31,9 @@ import torch
 from .cache import stable_hash
 from .codegen import template_env
 from .config import BuildConfig
-from .conv_common import IntTiling
+from .conv_common import IntTiling, scored_space
 from .directconv import (GHZ, TILE_CYCLES, _UNARY_CYCLES, ConvBuild, ConvCandidate, ConvSpec, ConvSpecError,
-                         epilogue_lines, plan_with, scored_space, tile_cycles)
+                         epilogue_lines, plan_with, tile_cycles)
 from .gemm import GemmTarget
 from .tiling import Target
 
@@ -235,10 +235,10 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[WinoTiling]:
 
 def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[ConvCandidate]:
     """Up to ``min(topn, 6)`` distinct candidates (multi-thread ones where they pay:
-    :func:`~ascendc_pack.directconv.scored_space`), the best first, then for variety the best of
+    :func:`~ascendc_pack.conv_common.scored_space`), the best first, then for variety the best of
     another output-channel block and of the other band mode, then the rest by estimate."""
     check_spec(spec)
-    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us)
+    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us, ConvCandidate)
     # variety for PGO (the estimate ranks register tiles and band modes within ~20 %): the best,
     # then the best of another output-channel block, then the best of the other band mode
     firsts: dict = {}

@@ -84,18 +84,25 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, spec: ConvSpec, what: str
 def builds(tmp_path_factory):
     """Every case's proposal and the forced tilings, compiled in one compile_kernels call."""
     config = BuildConfig(topn=MAX_CANDIDATES, cache_dir=tmp_path_factory.mktemp("directconv_cache"), jobs=2, cores=2)
-    planned = [plan(s, config, TARGET) for s in CASES]
-    forced = [plan(S(**{**next(s for s in CASES if s.name == name).to_json(), "name": name + "_forced"}),
-                   config, TARGET, tilings) for name, tilings in FORCED.items()]
-    for b, ck in zip(planned + forced, compile_kernels([b.build for b in planned + forced], config)):
+    return compile_cases(plan, CASES, FORCED, config)
+
+
+def compile_cases(plan, cases, forced, config) -> dict:
+    """``plan`` (a generator's) of every case and of each ``forced`` case's tilings (kernel name
+    ``<case>_forced``), compiled in one compile_kernels call; the builds by kernel name."""
+    planned = [plan(s, config, TARGET) for s in cases]
+    planned += [plan(S(**{**next(s for s in cases if s.name == name).to_json(), "name": name + "_forced"}),
+                     config, TARGET, tilings) for name, tilings in forced.items()]
+    for b, ck in zip(planned, compile_kernels([b.build for b in planned], config)):
         b.compiled = ck
-    return {b.spec.name: b for b in planned + forced}
+    return {b.spec.name: b for b in planned}
 
 
-def kernels(build):
+def kernels(build, launcher=ConvKernel):
+    """(candidate, launcher of its compiled library) of every candidate of ``build``."""
     for cand, cc in zip(build.candidates, build.compiled.candidates):
         assert cc.ok, cc.error
-        yield cand, ConvKernel(build.spec, cc.so_path, cc.candidate.kernel_key)
+        yield cand, launcher(build.spec, cc.so_path, cc.candidate.kernel_key)
 
 
 @pytest.mark.parametrize("name", [s.name for s in CASES] + [n + "_forced" for n in FORCED])

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from ascendc_pack import winograd
-from ascendc_pack.compiler import compile_kernels
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.directconv import ConvSpec, ConvSpecError
 from ascendc_pack.directconv_launch import WinogradKernel, eager_reference, random_operands
 from ascendc_pack.gemm import GemmTarget
 from ascendc_pack.winograd import WinoTiling, check_spec, check_tiling, pack_weight, plan, propose
-from tests.test_directconv import assert_close
+from tests.test_directconv import assert_close, compile_cases
+from tests.test_directconv import kernels as direct_kernels
 
 S = ConvSpec
 CASES = [
@@ -48,18 +48,11 @@ FORCED = {
 def builds(tmp_path_factory):
     config = BuildConfig(topn=winograd.MAX_CANDIDATES, cache_dir=tmp_path_factory.mktemp("winograd_cache"), jobs=2,
                          cores=2)
-    planned = [plan(s, config, TARGET) for s in CASES]
-    forced = [plan(S(**{**next(s for s in CASES if s.name == name).to_json(), "name": name + "_forced"}),
-                   config, TARGET, tilings) for name, tilings in FORCED.items()]
-    for b, ck in zip(planned + forced, compile_kernels([b.build for b in planned + forced], config)):
-        b.compiled = ck
-    return {b.spec.name: b for b in planned + forced}
+    return compile_cases(plan, CASES, FORCED, config)
 
 
 def kernels(build):
-    for cand, cc in zip(build.candidates, build.compiled.candidates):
-        assert cc.ok, cc.error
-        yield cand, WinogradKernel(build.spec, cc.so_path, cc.candidate.kernel_key)
+    return direct_kernels(build, WinogradKernel)
 
 
 @pytest.mark.parametrize("name", [s.name for s in CASES] + [n + "_forced" for n in FORCED])
