@@ -147,10 +147,12 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
 @click.option("--contention", is_flag=True, help="Also time each contender with one core kept busy by another process.")
 @click.option("--busy-core", default=None, type=int, help="Pin the busy process to this core (default: not pinned).")
 @click.option("--rebuild", is_flag=True, help="Also rebuild the tuned bundle on its warm cache (build-time table).")
+@click.option("--idle-bursts", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Times per contender the first call after 0.3 s of idle is timed (0: skip).")
 @click.option("--work-dir", default=None, help="Keep artifacts and worker logs here (default: a temp dir).")
 @click.option("--json", "json_path", default=None, help="Also write the raw results as JSON.")
-def bench(model_file, topn, repeat, cold_runs, contenders, same_process, contention, busy_core, rebuild, work_dir,
-          json_path):
+def bench(model_file, topn, repeat, cold_runs, contenders, same_process, contention, busy_core, rebuild, idle_bursts,
+          work_dir, json_path):
     """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime and the bundle.
 
     Same as `python -m ascendc_pack.bench model`; the protocol is in docs/PERFORMANCE.md.
@@ -161,7 +163,7 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, content
     try:
         bench_model_main(model_file, topn=topn, repeat=repeat, cold_runs=cold_runs, contenders=contenders,
                          same_process=same_process, work_dir=work_dir, json_path=json_path,
-                         contention=contention, busy_core=busy_core, rebuild=rebuild)
+                         contention=contention, busy_core=busy_core, rebuild=rebuild, idle_bursts=idle_bursts)
     except (PackError, ValueError) as exc:
         _fail(exc)
 

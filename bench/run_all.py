@@ -147,7 +147,9 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
                 "libgomp's threads and the allocator state of one contender cannot slow another (docs/DESIGN.md §8). "
                 "Only one worker runs at a time; the others block on a pipe."),
         f"- {cfg.get('repeat')} interleaved rounds (order rotated each round, 20 ms pause between samples). A "
-        f"sample is as many back-to-back calls as fill about {cfg.get('sample_ms'):.0f} ms, each call timed on "
+        f"sample is {cfg.get('lead_in_ms', 0):.0f} ms of untimed calls (the lead-in: a worker that sat idle while "
+        "the others ran is timed in its steady state, docs/DESIGN.md §8), "
+        f"then as many back-to-back calls as fill about {cfg.get('sample_ms'):.0f} ms, each call timed on "
         "its own with `perf_counter_ns`; median and p90 are over every timed call. Spread = interquartile "
         "range ÷ median of the per-round medians; a row with spread above 10% (or under 3 rounds) is flagged "
         "UNSTABLE. Ratios are paired by round: the median over rounds of (bundle round median ÷ contender "
@@ -159,6 +161,10 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
                                else "not pinned") + ", stopped (SIGSTOP) in the quiet phase. Slowdown = busy ÷ "
                             "quiet, paired by round; bundle slowdown ÷ ONNX Runtime slowdown < 1 means the "
                             "bundle degrades less." if cfg.get("contention") else "not run."),
+        "- After idle: " + (f"{cfg.get('idle_bursts')} times per contender (order rotated), every process sat "
+                            f"idle for {cfg.get('idle_s'):g} s, then one call was timed with no lead-in: the latency "
+                            "of a sporadic request. Bundle ÷ best peer after idle is paired by try."
+                            if cfg.get("idle_bursts") else "not run."),
         f"- Cold start: {cfg.get('cold_runs')} new processes per artifact, alternating: import torch, load the "
         "artifact, return the first output (spawn to output). The runs share one Inductor cache dir (`.pt2`) and "
         "one runtime cache dir (`.ascpack`, extracted by the first run); the first run is shown separately.",
@@ -169,16 +175,18 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
 
 def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[str]]]:
     head = ["model", f".ascpack --topn {topn} ÷ best peer", ".ascpack --topn 1 ÷ best peer", "best peer",
-            f"--topn {topn} slowdown ÷ ORT slowdown", "bundle build ÷ AOTI compile"]
+            f"--topn {topn} slowdown ÷ ORT slowdown", f"--topn {topn} after idle ÷ best peer",
+            "bundle build ÷ AOTI compile"]
     rows = []
     for r in results:
         bp = r.get("best_peer", {})
         peer = next((s["peer"] for s in bp.values()), None)
         vs = (r.get("contention") or {}).get("vs_ort", {})
+        idle = (r.get("after_idle") or {}).get("vs_best", {})
         build = report.build_row(r)
         rows.append([r["name"], report.fmt_spread(bp.get("bundleN")), report.fmt_spread(bp.get("bundle1")),
                      bench.label(peer, topn) if peer else "-", report.fmt_spread(vs.get("bundleN") or vs.get("bundle1")),
-                     build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
+                     report.fmt_spread(idle.get("bundleN") or idle.get("bundle1")), build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
     return head, rows
 
 
@@ -246,6 +254,8 @@ def main(argv=None) -> None:
     p.add_argument("--same-process", action="store_true")
     p.add_argument("--no-contention", action="store_true", help="skip the busy phase of every round")
     p.add_argument("--busy-core", type=int, default=None, help="pin the busy process to this core")
+    p.add_argument("--idle-bursts", type=int, default=5,
+                   help="times per contender the first call after 0.3 s of idle is timed (0: skip)")
     p.add_argument("--no-rebuild", action="store_true", help="skip the warm rebuild of the tuned bundle")
     p.add_argument("--out", default=str(ROOT / "docs" / "PERFORMANCE.md"))
     p.add_argument("--chart", default=None, help="PNG path (default: performance.png next to --out)")
@@ -280,7 +290,7 @@ def main(argv=None) -> None:
                                   sample_ms=args.sample_ms, same_process=args.same_process,
                                   contenders=args.contenders.split(",") if args.contenders else None,
                                   contention=not args.no_contention, busy_core=args.busy_core,
-                                  rebuild=not args.no_rebuild)
+                                  rebuild=not args.no_rebuild, idle_bursts=args.idle_bursts)
         except (PackError, ValueError) as exc:
             sys.exit(f"error: {exc}")
         print(bench.format_report(r), flush=True)

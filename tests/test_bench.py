@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ascendc_pack import bench
 from ascendc_pack.bench import contention, extras, kernels, report, stats
-from ascendc_pack.bench.model import _Run, _summarize
+from ascendc_pack.bench.model import LEAD_IN_MS, _Run, _summarize
 from ascendc_pack.cli import main
 
 from .conftest import EXAMPLES, ROOT
@@ -141,6 +141,14 @@ def test_paired_ratio_cancels_drift_and_rotation():
     assert stats.calls_per_sample(est_us=0.0, sample_us=1e9, cap=50) == 50
 
 
+def test_lead_in_calls_until_its_time_is_up():
+    clock = FakeClock()
+    fn = clock.contender("x", 30.0)
+    assert stats.lead_in(fn, 100.0, clock=clock) == 4  # 30, 60, 90, then 120 >= 100 us
+    assert stats.lead_in(fn, 1.0, clock=clock) == 1  # at least one call
+    assert stats.lead_in(fn, 0.0, clock=clock) == 0 and len(clock.calls) == 5
+
+
 def test_interleaved_stats_on_a_fake_clock():
     clock = FakeClock()
     fast = clock.contender("fast", 5.0)
@@ -164,7 +172,7 @@ def test_interleaved_stats_flags_a_noisy_contender():
 # ---- the report logic on made-up rounds --------------------------------------------------------
 
 def _made_up_result(tmp_path, rounds_by_cid: dict, busy_by_cid: dict | None = None, load=(10.4, 9.7, 9.7),
-                    untimed: dict | None = None):
+                    untimed: dict | None = None, idle: dict | None = None):
     """A bench_model-shaped result from made-up per-call rounds, summarized by the real code;
     ``untimed``: contenders that failed or were wrong (never timed)."""
     res = {cid: {"label": bench.label(cid, 4), "status": "ok", "reason": None} for cid in rounds_by_cid}
@@ -180,7 +188,7 @@ def _made_up_result(tmp_path, rounds_by_cid: dict, busy_by_cid: dict | None = No
     rounds = {"quiet": rounds_by_cid}
     if busy_by_cid:
         rounds["busy"] = busy_by_cid
-    _summarize(run, result, rounds)
+    _summarize(run, result, rounds, idle)
     return result
 
 
@@ -199,6 +207,21 @@ def test_best_peer_ratio_and_unstable_rows(tmp_path):
     assert "ok, UNSTABLE (spread" in text
     assert "load average 10.40" in text and "BUSY HOST" in text
     assert "0.67 [0.20-0.67] unstable" in text  # the ratio against the noisy contender says so
+
+
+def test_after_idle_is_its_own_column_and_ratio(tmp_path):
+    steady = lambda us: [[us, us]] * 3  # noqa: E731
+    result = _made_up_result(tmp_path, {"eager": steady(100.0), "ort": steady(50.0), "bundleN": steady(40.0)},
+                             idle={"eager": [90.0, 110.0, 100.0], "ort": [150.0] * 3, "bundleN": [120.0, 80.0, 100.0]})
+    assert result["best_peer"]["bundleN"]["peer"] == "ort"  # steady state: ORT is the fastest peer
+    idle = result["after_idle"]["vs_best"]["bundleN"]
+    assert idle["peer"] == "eager" and idle["median"] == pytest.approx(1.0) and idle["n"] == 3  # after idle: eager
+    assert result["contenders"]["ort"]["after_idle"] == {"median_us": 150.0, "bursts": 3}
+    text = bench.format_report(result)
+    assert "after 0.3 s idle" in text and "150.0 us" in text
+    assert ".ascpack --topn 4 ÷ best peer after 0.3 s idle (eager): 1.00 [0.86-1.17] unstable" in text
+    assert _made_up_result(tmp_path, {"bundleN": steady(1.0)}).get("after_idle") is None  # not run: no column
+    assert "after 0.3 s idle" not in bench.format_report(_made_up_result(tmp_path, {"bundleN": steady(1.0)}))
 
 
 def test_wrong_and_failed_contenders_are_not_peers(tmp_path):
@@ -270,19 +293,21 @@ def _ok(result, cid):
 def test_eager_and_onnxruntime_in_worker_processes_with_contention(write_model, tmp_path):
     _needs_ort()
     r = bench.bench_model(write_model(TINY), contenders=["eager", "ort"], repeat=2, cold_runs=0, sample_ms=2,
-                          work_dir=tmp_path / "work", contention=True, log=lambda _: None)
+                          work_dir=tmp_path / "work", contention=True, idle_bursts=2, log=lambda _: None)
     _ok(r, "eager")
     ort_ = _ok(r, "ort")
     assert ort_["size"] > 0 and ort_["build_s"] > 0 and ort_["rounds"] == 2 and ort_["busy"]["rounds"] == 2
     assert (tmp_path / "work" / "logs" / "run-ort.log").exists()  # it ran in its own process
     assert set(r["contention"]["slowdown"]) == {"eager", "ort"} and "not pinned" in r["contention"]["busy"]
+    assert ort_["after_idle"]["bursts"] == 2 and ort_["after_idle"]["median_us"] > 0
+    assert r["config"]["lead_in_ms"] == LEAD_IN_MS > 0
     text = bench.format_report(r)
     assert "ONNX Runtime" in text and "one process per contender" in text and "slowdown" in text
 
 
 def test_example_against_bundle(tmp_path):
     """A real run on an example with the cheapest contenders: eager and the --topn 1 bundle."""
-    r = bench.bench_model(EXAMPLES / "add_sum.py", topn=1, contenders=["eager", "bundle1"], repeat=3,
+    r = bench.bench_model(EXAMPLES / "add_sum.py", topn=1, contenders=["eager", "bundle1"], repeat=3, idle_bursts=1,
                           cold_runs=0, sample_ms=2, same_process=True, log=lambda _: None)
     _ok(r, "eager")
     b = _ok(r, "bundle1")
@@ -294,7 +319,7 @@ def test_example_against_bundle(tmp_path):
 
 
 def test_failed_contenders_are_reported_not_raised(write_model):
-    r = bench.bench_model(write_model(DATA_DEPENDENT), contenders=["eager", "aoti", "bundle1"], repeat=1,
+    r = bench.bench_model(write_model(DATA_DEPENDENT), contenders=["eager", "aoti", "bundle1"], repeat=1, idle_bursts=1,
                           cold_runs=1, sample_ms=1, same_process=True, log=lambda _: None)
     _ok(r, "eager")
     for cid in ("aoti", "bundle1"):
@@ -307,14 +332,14 @@ def test_failed_contenders_are_reported_not_raised(write_model):
 
 
 def test_dead_worker_is_reported(write_model):
-    r = bench.bench_model(write_model(DIES), contenders=["eager"], repeat=1, cold_runs=0, log=lambda _: None)
+    r = bench.bench_model(write_model(DIES), contenders=["eager"], repeat=1, idle_bursts=1, cold_runs=0, log=lambda _: None)
     c = r["contenders"]["eager"]
     assert c["status"] == "failed" and "exited with code 7" in c["reason"], c
 
 
 def test_model_that_raises_fails_every_contender(write_model):
     broken = write_model(TINY.replace("return torch.relu", "raise KeyError('boom'); return torch.relu"))
-    r = bench.bench_model(broken, contenders=["eager", "compile"], repeat=1, cold_runs=0, log=lambda _: None)
+    r = bench.bench_model(broken, contenders=["eager", "compile"], repeat=1, idle_bursts=1, cold_runs=0, log=lambda _: None)
     for c in r["contenders"].values():
         assert c["status"] == "failed" and "eager reference run" in c["reason"] and "boom" in c["reason"], c
     assert "FAILED" in bench.format_report(r)
@@ -323,7 +348,7 @@ def test_model_that_raises_fails_every_contender(write_model):
 def test_onnx_runtime_missing_an_inplace_update_is_wrong_and_not_timed(write_model):
     _needs_ort()
     model = write_model(TINY.replace("return torch.relu(x + y)", "x.add_(y)\n        return torch.relu(x)"))
-    r = bench.bench_model(model, contenders=["eager", "ort"], repeat=1, cold_runs=0, sample_ms=1,
+    r = bench.bench_model(model, contenders=["eager", "ort"], repeat=1, idle_bursts=1, cold_runs=0, sample_ms=1,
                           same_process=True, log=lambda _: None)
     assert r["contenders"]["eager"]["check"] == "ok"
     ort_ = r["contenders"]["ort"]
@@ -334,7 +359,7 @@ def test_onnx_runtime_missing_an_inplace_update_is_wrong_and_not_timed(write_mod
 
 @pytest.mark.slow
 def test_compile_freezing_and_aoti_built_timed_and_cold_started(write_model):
-    r = bench.bench_model(write_model(TINY), contenders=["eager", "compile_freeze", "aoti"], repeat=1, cold_runs=1,
+    r = bench.bench_model(write_model(TINY), contenders=["eager", "compile_freeze", "aoti"], repeat=1, idle_bursts=1, cold_runs=1,
                           sample_ms=1, log=lambda _: None)
     assert _ok(r, "compile_freeze")["build_s"] > 0  # its first call
     c = _ok(r, "aoti")
@@ -346,7 +371,7 @@ def test_compile_freezing_and_aoti_built_timed_and_cold_started(write_model):
 @pytest.mark.slow
 def test_bundles_with_rebuild_cold_start_and_kernels(write_model):
     """Two bundles (--topn 1 and 2) built, rebuilt warm, timed, cold-started; the kernel table."""
-    r = bench.bench_model(write_model(TINY), topn=2, contenders=["bundle1", "bundleN"], repeat=1, cold_runs=1,
+    r = bench.bench_model(write_model(TINY), topn=2, contenders=["bundle1", "bundleN"], repeat=1, idle_bursts=1, cold_runs=1,
                           sample_ms=1, same_process=True, rebuild=True, log=lambda _: None)
     for cid in ("bundle1", "bundleN"):
         c = _ok(r, cid)
@@ -366,7 +391,7 @@ def test_cli_bench_and_unknown_contender(write_model, tmp_path):
     model = write_model(TINY)
     out = tmp_path / "r.json"
     result = CliRunner().invoke(main, ["bench", str(model), "--contenders", "eager", "--same-process",
-                                       "--repeat", "1", "--cold-runs", "0", "--json", str(out)])
+                                       "--repeat", "1", "--cold-runs", "0", "--idle-bursts", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "eager" in result.output and "median" in result.output and "load average" in result.output
     assert json.loads(out.read_text())["contenders"]["eager"]["status"] == "ok"
@@ -389,10 +414,12 @@ def test_run_all_writes_report(write_model, tmp_path):
     model = write_model(TINY, "tiny.py")
     out = tmp_path / "PERF.md"
     _run_all().main(["--models", str(model), "--contenders", "eager", "--same-process", "--repeat", "1",
-                     "--cold-runs", "0", "--sample-ms", "1", "--no-contention", "--no-rebuild", "--no-chart", "--out", str(out)])
+                     "--cold-runs", "0", "--sample-ms", "1", "--no-contention", "--no-rebuild", "--no-chart", "--idle-bursts", "1",
+                     "--out", str(out)])
     text = out.read_text()
     assert "## Machine" in text and "run_all.py --models" in text and "### tiny" in text
     assert "| eager |" in text and "vector ISA flags" in text and "load average at start" in text
+    assert "after idle ÷ best peer" in text and "1 times per contender" in text
     assert "## Build times" in text and "## Summary" in text
     assert not (tmp_path / "performance.png").exists()  # no bundle ratio, no chart
 

@@ -26,7 +26,7 @@ def _contenders(text: str | None) -> list[str] | None:
 def bench_model_main(model_file: str, topn: int = 4, repeat: int = 20, cold_runs: int = 5,
                      sample_ms: float = 50.0, contenders: str | None = None, same_process: bool = False,
                      work_dir: str | None = None, json_path: str | None = None, contention: bool = False,
-                     busy_core: int | None = None, rebuild: bool = False) -> dict:
+                     busy_core: int | None = None, rebuild: bool = False, idle_bursts: int = 5) -> dict:
     """CLI body shared by ``ascendc-pack bench`` and ``python -m ascendc_pack.bench model``:
     run :func:`bench_model`, print its report, optionally write the JSON.
 
@@ -35,7 +35,7 @@ def bench_model_main(model_file: str, topn: int = 4, repeat: int = 20, cold_runs
     """
     result = bench_model(model_file, topn=topn, repeat=repeat, cold_runs=cold_runs, sample_ms=sample_ms,
                          contenders=_contenders(contenders), same_process=same_process, work_dir=work_dir,
-                         contention=contention, busy_core=busy_core, rebuild=rebuild)
+                         contention=contention, busy_core=busy_core, rebuild=rebuild, idle_bursts=idle_bursts)
     print(format_report(result))
     sys.stdout.flush()
     if json_path:
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="every round also times each contender with one core kept busy by another process")
     m.add_argument("--busy-core", type=int, default=None, help="pin the busy process to this core (default: not pinned)")
     m.add_argument("--rebuild", action="store_true", help="also rebuild the tuned bundle on its warm cache")
+    m.add_argument("--idle-bursts", type=int, default=5,
+                   help="times per contender the first call after 0.3 s of idle is timed (default 5; 0: skip)")
     m.add_argument("--work-dir", default=None, help="keep artifacts and worker logs here (default: a temp dir)")
     m.add_argument("--json", dest="json_path", default=None, help="also write the raw results as JSON")
     b = sub.add_parser("build", help="build times: cold bundle (stages, compiles), warm rebuild, AOTI, torch.compile")
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             bench_model_main(args.model_file, topn=args.topn, repeat=args.repeat, cold_runs=args.cold_runs,
                              sample_ms=args.sample_ms, contenders=args.contenders, same_process=args.same_process,
                              work_dir=args.work_dir, json_path=args.json_path, contention=args.contention,
-                             busy_core=args.busy_core, rebuild=args.rebuild)
+                             busy_core=args.busy_core, rebuild=args.rebuild, idle_bursts=args.idle_bursts)
         elif args.what == "build":
             bench_build_main(args.model_files, topn=args.topn, json_path=args.json_path)
         elif args.what == "kernels":

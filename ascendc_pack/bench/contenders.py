@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .machine import host_cores
-from .stats import time_calls
+from .stats import lead_in, time_calls
 
 
 @dataclass(frozen=True)
@@ -235,8 +235,10 @@ class Contender:
             return _ort_binder(artifact, load_model_file(model_file).module, len(inputs))
         raise ValueError(f"unknown contender {cid!r}")
 
-    def time(self, number: int) -> list[float]:
-        """Microseconds of each of ``number`` back-to-back calls."""
+    def time(self, number: int, lead_in_ms: float = 0.0) -> list[float]:
+        """Microseconds of each of ``number`` back-to-back calls, after ``lead_in_ms`` of untimed
+        calls (:func:`~.stats.lead_in`)."""
+        lead_in(self.fn, lead_in_ms * 1e3)
         return time_calls(self.fn, number)
 
     def handle(self, msg: dict) -> dict:
@@ -249,7 +251,7 @@ class Contender:
             if msg["cmd"] == "setup":
                 return {"ok": True, **self.setup(**msg["args"])}
             if msg["cmd"] == "time":
-                return {"ok": True, "us": self.time(int(msg["number"]))}
+                return {"ok": True, "us": self.time(int(msg["number"]), float(msg.get("lead_in_ms", 0.0)))}
             return {"ok": False, "error": f"unknown command {msg['cmd']!r}"}
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which goes on
             return {"ok": False, "error": reason(exc)}

@@ -9,9 +9,12 @@ Protocol (docs/PERFORMANCE.md has the long form):
 3. Every contender is loaded in its own worker process (``same_process`` turns that off), its
    first output is timed and checked against eager by the accuracy rule (in-place updates of
    inputs included). A contender whose outputs differ is reported ``wrong`` and not timed.
-4. Interleaved rounds: one worker runs at a time, each round in a rotated order, 20 ms apart.
-   With ``contention`` every round has a quiet and a busy phase (:mod:`.contention`).
-5. Cold start of the ``.pt2`` and the ``.ascpack`` in new processes; the bundle's kernel table.
+4. Interleaved rounds: one worker runs at a time, each round in a rotated order, 20 ms apart;
+   each sample starts with :data:`LEAD_IN_MS` of untimed calls. With ``contention`` every round
+   has a quiet and a busy phase (:mod:`.contention`).
+5. After idle: ``idle_bursts`` times per contender, the first call after every process sat idle
+   for :data:`IDLE_S` - the latency of a sporadic request.
+6. Cold start of the ``.pt2`` and the ``.ascpack`` in new processes; the bundle's kernel table.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ from .workers import Local, Worker, WorkerError, cold_start
 
 #: pause before each sample, so idle OpenMP threads of the previous worker stop spinning
 PAUSE_S = 0.02
+#: untimed calls before each timed sample (ms). A worker sits idle while the others run; on this
+#: project's 2-vCPU VMs the guest scheduler then packs its threads onto one vCPU and spreads them
+#: again only after ~40 ms of work (docs/DESIGN.md §8), so without a
+#: lead-in a ~50 ms sample times mostly that wake-up, the more so the more contenders run
+LEAD_IN_MS = 100.0
+#: seconds every process sits idle before the after-idle probe times one call
+IDLE_S = 0.3
 
 
 class _Run:
@@ -82,13 +92,15 @@ class _Run:
 def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold_runs: int = 5,
                 sample_ms: float = 50.0, contenders: list[str] | None = None, same_process: bool = False,
                 work_dir: str | Path | None = None, timeout: float = 1800.0, contention: bool = False,
-                busy_core: int | None = None, rebuild: bool = False, log=None) -> dict:
+                busy_core: int | None = None, rebuild: bool = False, idle_bursts: int = 5, log=None) -> dict:
     """Benchmark one model file against every contender (see the module docstring).
 
     Returns a JSON-serializable dict: ``contenders`` (per id: status ``ok`` / ``wrong`` /
     ``failed`` with the reason, latency statistics with spread, build seconds and stages, artifact
     size, the check against eager), ``ratios`` (bundle ÷ each peer, paired by round),
-    ``best_peer``, ``contention``, ``cold_start``, ``kernels``, ``config`` and the load average.
+    ``best_peer``, ``contention``, ``after_idle`` (the first call after :data:`IDLE_S` of idle,
+    ``idle_bursts`` times per contender; 0 skips it), ``cold_start``, ``kernels``, ``config`` and
+    the load average.
     A contender that fails is reported with its reason; nothing here raises for it.
 
     Raises:
@@ -118,8 +130,9 @@ def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold
     run = _Run(model_file, work, topn, same_process, timeout, log)
     run.res.update({cid: {"label": label(cid, topn), "status": "ok", "reason": None} for cid in chosen})
     result = {"model": str(model_file), "name": model_file.stem, "contenders": run.res, "ratios": {},
-              "best_peer": {}, "contention": None, "cold_start": {}, "kernels": [],
+              "best_peer": {}, "contention": None, "after_idle": None, "cold_start": {}, "kernels": [],
               "config": {"topn": topn, "repeat": repeat, "cold_runs": cold_runs, "sample_ms": sample_ms,
+                         "lead_in_ms": LEAD_IN_MS, "idle_s": IDLE_S, "idle_bursts": idle_bursts,
                          "same_process": same_process, "cores": host_cores(), "contention": contention,
                          "busy_core": busy_core, "rebuild": rebuild, "torch_threads": torch.get_num_threads(),
                          "torch": torch.__version__}}
@@ -135,7 +148,7 @@ def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold
                     if spinner is not None:
                         result["contention"] = {"busy": spinner.describe()}
                     rounds = _time_rounds(run, workers, repeat, sample_ms, spinner)
-                _summarize(run, result, rounds)
+                _summarize(run, result, rounds, _after_idle(run, workers, idle_bursts))
             for worker in workers.values():
                 worker.close()
             _cold_starts(run, result, str(data), cold_runs)
@@ -229,7 +242,8 @@ def _time_rounds(run: _Run, workers: dict, repeat: int, sample_ms: float, spinne
                 spinner.set(phase == "busy")
             for cid in rotated(list(workers), r):
                 time.sleep(PAUSE_S)
-                reply = run.ask(workers[cid], {"cmd": "time", "number": run.res[cid]["number"]})
+                reply = run.ask(workers[cid], {"cmd": "time", "number": run.res[cid]["number"],
+                                               "lead_in_ms": LEAD_IN_MS})
                 if not reply.get("ok"):
                     workers.pop(cid).close()
                     run.fail(cid, f"timing round {r + 1} ({phase}): {reply.get('error')}")
@@ -242,8 +256,28 @@ def _time_rounds(run: _Run, workers: dict, repeat: int, sample_ms: float, spinne
     return samples
 
 
-def _summarize(run: _Run, result: dict, rounds: dict) -> None:
-    """Latency statistics, bundle ÷ peer ratios (paired by round), best peer, contention."""
+def _after_idle(run: _Run, workers: dict, bursts: int) -> dict:
+    """``bursts`` times per contender (order rotated): every process idle for :data:`IDLE_S`,
+    then one timed call, no lead-in. Returns {cid: [microseconds per burst]} for the survivors."""
+    out = {cid: [] for cid in workers}
+    if bursts > 0:
+        run.log(f"  first call after {IDLE_S:g} s idle, {bursts} times each ...")
+    for b in range(bursts):
+        for cid in rotated(list(workers), b):
+            time.sleep(IDLE_S)
+            reply = run.ask(workers[cid], {"cmd": "time", "number": 1})
+            if not reply.get("ok"):
+                workers.pop(cid).close()
+                run.fail(cid, f"after-idle call {b + 1}: {reply.get('error')}")
+                out.pop(cid, None)
+                continue
+            out[cid].append(reply["us"][0])
+    return out
+
+
+def _summarize(run: _Run, result: dict, rounds: dict, idle: dict | None = None) -> None:
+    """Latency statistics, bundle ÷ peer ratios (paired by round), best peer, contention, and
+    from ``idle`` ({cid: [us per burst]}) the after-idle medians and bundle ÷ best peer."""
     quiet = rounds["quiet"]
     per_round = {}
     for cid, rs in quiet.items():
@@ -267,6 +301,15 @@ def _summarize(run: _Run, result: dict, rounds: dict) -> None:
                 run.res[cid]["busy"] = latency_stats(rs)
                 busy[cid] = run.res[cid]["busy"]["round_medians_us"]
         result["contention"].update(slowdowns(per_round, busy, BUNDLES))
+    idle = {cid: us for cid, us in (idle or {}).items() if cid in per_round and us}
+    if idle:
+        for cid, us in idle.items():
+            run.res[cid]["after_idle"] = {"median_us": statistics.median(us), "bursts": len(us)}
+        result["after_idle"] = {"idle_s": IDLE_S, "vs_best": {}}
+        peers = [c for c in PEERS if c in idle]
+        for b in (c for c in BUNDLES if c in idle and peers):
+            best = min(peers, key=lambda c: run.res[c]["after_idle"]["median_us"])
+            result["after_idle"]["vs_best"][b] = {"peer": best, **paired_ratio(idle[b], idle[best]).to_json()}
 
 
 def _cold_starts(run: _Run, result: dict, data: str, cold_runs: int) -> None:

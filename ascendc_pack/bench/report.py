@@ -68,12 +68,16 @@ def contender_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     topn = result["config"]["topn"]
     bundles = [b for b in BUNDLES if b in result["ratios"]]
     head = ["contender", "median", "p90", "spread", "calls"]
+    if result.get("after_idle"):
+        head.append(f"after {result['after_idle']['idle_s']:g} s idle")
     head += [f"{label(b, topn)} ÷ x" for b in bundles]
     head += ["build s", "size MB", "max error", "status"]
     rows = []
     for cid, r in result["contenders"].items():
         row = [r["label"], fmt_us(r.get("median_us")), fmt_us(r.get("p90_us")),
                fmt_pct(r["spread"]["rel_iqr"]) if r.get("spread") else "-", str(r.get("calls", "-"))]
+        if result.get("after_idle"):
+            row.append(fmt_us(r.get("after_idle", {}).get("median_us")))
         row += [fmt_spread(result["ratios"][b].get(cid)) for b in bundles]
         row += [fmt_s(r.get("build_s")), fmt_mb(r.get("size")),
                 "-" if r.get("max_error") is None else f"{r['max_error']:.1e}", _status(r)]
@@ -90,6 +94,10 @@ def best_peer_lines(result: dict) -> list[str]:
                    "  (median over rounds [IQR]; < 1: the bundle is faster)")
     if not out and result["ratios"]:
         out.append("bundle ÷ best peer: no peer was timed")
+    idle = result.get("after_idle") or {}
+    for b, s in idle.get("vs_best", {}).items():
+        out.append(f"{label(b, topn)} ÷ best peer after {idle['idle_s']:g} s idle ({label(s['peer'], topn)}): "
+                   f"{fmt_spread(s)}  (first call after the host sat idle, median over {s['n']} tries [IQR])")
     return out
 
 
@@ -199,7 +207,8 @@ def header_lines(result: dict) -> list[str]:
     mode = "all contenders in one process" if cfg["same_process"] else "one process per contender"
     lines = [f"model {result['model']}  inputs {', '.join(result.get('inputs', []))}",
              f"torch {cfg['torch']}, {cfg['cores']} cores, {cfg['torch_threads']} torch threads; {mode}; "
-             f"{cfg['repeat']} interleaved rounds, ~{cfg['sample_ms']:.0f} ms per sample; median/p90 over all "
+             f"{cfg['repeat']} interleaved rounds, ~{cfg['sample_ms']:.0f} ms per sample after "
+             f"{cfg.get('lead_in_ms', 0):.0f} ms of untimed calls; median/p90 over all "
              f"timed calls; spread = IQR / median of the per-round medians (unstable above "
              f"{fmt_pct(UNSTABLE_REL_IQR)}); ratios paired by round, median [IQR]"]
     lines.append("at start: " + load_line(result.get("loadavg_start"), cfg["cores"]))

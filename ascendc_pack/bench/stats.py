@@ -106,6 +106,20 @@ def time_calls(fn: Callable[[], object], number: int, clock: Callable[[], int] =
     return out
 
 
+def lead_in(fn: Callable[[], object], us: float, clock: Callable[[], int] = time.perf_counter_ns) -> int:
+    """Untimed calls of ``fn`` until ``us`` microseconds have passed (none for ``us <= 0``, else at
+    least one); returns how many. Brings a contender that sat idle back to its steady state
+    before a sample is timed (docs/DESIGN.md §8)."""
+    if us <= 0:
+        return 0
+    t0, n = clock(), 0
+    while True:
+        fn()
+        n += 1
+        if (clock() - t0) / 1e3 >= us:
+            return n
+
+
 def calls_per_sample(est_us: float, sample_us: float, cap: int = 100_000) -> int:
     """How many calls fill one sample of about ``sample_us`` (at least 1, at most ``cap``)."""
     return max(1, min(cap, round(sample_us / max(est_us, 0.01))))
