@@ -41,6 +41,7 @@ def child(model_file: str, bundle: str, ort_dir: str | None, policy: str, bursts
     import ascendc_pack_runtime as rt  # before torch: the threading policy
     import torch  # noqa: F401
 
+    from ascendc_pack.bench.stats import time_calls
     from ascendc_pack.loader import load_model_file
 
     loaded = load_model_file(model_file)
@@ -55,13 +56,8 @@ def child(model_file: str, bundle: str, ort_dir: str | None, policy: str, bursts
     for _ in range(10):
         fn()
 
-    def timed(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
+    def timed(n: int) -> list[float]:  # milliseconds per call
+        return [us / 1e3 for us in time_calls(fn, n)]
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     os.kill(spin.pid, signal.SIGSTOP)

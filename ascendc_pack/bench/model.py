@@ -40,9 +40,8 @@ from .workers import Local, Worker, WorkerError, cold_start
 #: pause before each sample, so idle OpenMP threads of the previous worker stop spinning
 PAUSE_S = 0.02
 #: untimed calls before each timed sample (ms). A worker sits idle while the others run; on this
-#: project's 2-vCPU VMs the guest scheduler then packs its threads onto one vCPU and spreads them
-#: again only after ~40 ms of work (docs/DESIGN.md §8), so without a
-#: lead-in a ~50 ms sample times mostly that wake-up, the more so the more contenders run
+#: project's 2-vCPU VMs its threads then run at one-thread speed for ~40 ms (docs/DESIGN.md §8),
+#: so without a lead-in a ~50 ms sample times mostly that wake-up
 LEAD_IN_MS = 100.0
 #: seconds every process sits idle before the after-idle probe times one call
 IDLE_S = 0.3
@@ -242,15 +241,12 @@ def _time_rounds(run: _Run, workers: dict, repeat: int, sample_ms: float, spinne
                 spinner.set(phase == "busy")
             for cid in rotated(list(workers), r):
                 time.sleep(PAUSE_S)
-                reply = run.ask(workers[cid], {"cmd": "time", "number": run.res[cid]["number"],
-                                               "lead_in_ms": LEAD_IN_MS})
-                if not reply.get("ok"):
-                    workers.pop(cid).close()
-                    run.fail(cid, f"timing round {r + 1} ({phase}): {reply.get('error')}")
+                us = _time(run, workers, cid, run.res[cid]["number"], LEAD_IN_MS, f"timing round {r + 1} ({phase})")
+                if us is None:
                     for p in phases:
                         samples[p].pop(cid, None)
                     continue
-                samples[phase][cid].append(reply["us"])
+                samples[phase][cid].append(us)
     if spinner is not None:
         spinner.set(False)
     return samples
@@ -265,14 +261,23 @@ def _after_idle(run: _Run, workers: dict, bursts: int) -> dict:
     for b in range(bursts):
         for cid in rotated(list(workers), b):
             time.sleep(IDLE_S)
-            reply = run.ask(workers[cid], {"cmd": "time", "number": 1})
-            if not reply.get("ok"):
-                workers.pop(cid).close()
-                run.fail(cid, f"after-idle call {b + 1}: {reply.get('error')}")
+            us = _time(run, workers, cid, 1, 0.0, f"after-idle call {b + 1}")
+            if us is None:
                 out.pop(cid, None)
                 continue
-            out[cid].append(reply["us"][0])
+            out[cid].append(us[0])
     return out
+
+
+def _time(run: _Run, workers: dict, cid: str, number: int, lead_in_ms: float, what: str) -> list[float] | None:
+    """One ``time`` request; a failed worker is closed, dropped from ``workers`` and reported
+    failed (None)."""
+    reply = run.ask(workers[cid], {"cmd": "time", "number": number, "lead_in_ms": lead_in_ms})
+    if reply.get("ok"):
+        return reply["us"]
+    workers.pop(cid).close()
+    run.fail(cid, f"{what}: {reply.get('error')}")
+    return None
 
 
 def _summarize(run: _Run, result: dict, rounds: dict, idle: dict | None = None) -> None:
