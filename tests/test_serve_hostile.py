@@ -144,7 +144,9 @@ BAD = [
      ["'id' is 10485760 characters long"]),
     ("binary: header length not a number", "POST", "/v2/models/mlp/infer", *_binary({"inputs": [X]}, b"", "abc"),
      400, ["plain decimal digits", "'abc'"]),
-    ("binary: header length with spaces", "POST", "/v2/models/mlp/infer", *_with_length({"inputs": [BIN_X]}, " {} "),
+    # (spaces around a header value are optional whitespace (RFC 9110 5.5), which the HTTP parser may
+    # strip before the server sees it (httptools 0.9 does); a space inside the digits reaches the check)
+    ("binary: header length with a space", "POST", "/v2/models/mlp/infer", *_with_length({"inputs": [BIN_X]}, "1 {}"),
      400, ["plain decimal digits"]),
     ("binary: header length with a sign", "POST", "/v2/models/mlp/infer", *_with_length({"inputs": [BIN_X]}, "+{}"),
      400, ["plain decimal digits", "'+"]),

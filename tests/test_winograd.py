@@ -152,7 +152,7 @@ def test_specs_the_transform_does_not_compute_are_refused(change, message):
 @pytest.mark.parametrize("tiling, message", [
     (WinoTiling(2 * V, 6, 20, 2, 1, V), "tblk a multiple of tb"),
     (WinoTiling(2 * V, 6, 18, 2, 1, V, 2), "local 0 or 1"),
-    (WinoTiling(4 * V, 6, 18, 2, 1, V), "registers"),
+    (WinoTiling(8 * V, 6, 18, 2, 1, V), "registers"),
     (WinoTiling(2 * V, 6, 18, 15, 1, V), "tile rows"),
     (WinoTiling(2 * V, 6, 18, 2, 3, V), "core limit"),
     (WinoTiling(V + 1, 6, 18, 2, 1, V), "multiple of lanes")])
