@@ -90,9 +90,13 @@ AP_MATH_INLINE float ap_exp_poly_(float r) {
 
 /// e^x. exp(-inf)=0, exp(inf)=inf, NaN->NaN, inf for x > 88.7228, gradual underflow to
 /// subnormals (correctly scaled, single rounding) and 0 below about -103.97.
+/// Below -104 the last scale factor is 0, so the result is an exact 0, never an underflowing
+/// product: on Intel cores every subnormal or underflowing result is a microcode assist (~150
+/// cycles); a softmax over inputs far below their row maximum ran 5.7x slower.
 AP_MATH_INLINE float ap_exp(float x) {
   float xc = x > 88.8f ? 88.8f : x;  // comparisons are false for NaN: NaN passes through
-  xc = xc < -104.0f ? -104.0f : xc;
+  const bool zero = xc < -104.0f;    // e^-104 is under half the smallest subnormal: rounds to 0
+  xc = zero ? -104.0f : xc;
   AP_EXP_REDUCE(xc, nf, ni, r);
   const float p = AP_FMA(ap_exp_poly_(r), r * r, r) + 1.0f;
   // 2^n as two normal factors so that n in [-151, 128] neither overflows the exponent field nor
@@ -100,7 +104,7 @@ AP_MATH_INLINE float ap_exp(float x) {
   const int32_t n1 = ni >> 1;
   const int32_t n2 = ni - n1;
   const float s1 = ap_f32_from_bits((uint32_t)(n1 + 127) << 23);
-  const float s2 = ap_f32_from_bits((uint32_t)(n2 + 127) << 23);
+  const float s2 = ap_f32_from_bits(zero ? 0u : (uint32_t)(n2 + 127) << 23);
   return (p * s1) * s2;
 }
 
