@@ -239,13 +239,15 @@ def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Pat
 
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
                  output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
-                 zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None) -> BundleReport:
+                 zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None,
+                 call_threads: contract.CallThreads | None = None) -> BundleReport:
     """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
 
     ``model`` is the fused program, ``weights`` its weight tensors by program input name,
     ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
     of every tactic step (:class:`~ascendc_pack.tactic_tune.TacticChoice` by step name; their
-    choices are already applied to ``model``).
+    choices are already applied to ``model``), ``call_threads`` the tuned thread cap of a call
+    (:mod:`ascendc_pack.call_threads`; None: not tuned, no record).
     Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
     """
     t0 = time.perf_counter()
@@ -303,7 +305,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         members = {name: contract.Member(blob.size, blob.sha256) if src is blob else
                    contract.Member(src.stat().st_size, _sha256(src)) for name, src in files}
         manifest = _manifest(model, config, graph_src, weight_entries, kernel_entries, members,
-                             manifest_tactics(tactics) if tactics else None)
+                             manifest_tactics(tactics) if tactics else None, call_threads)
         manifest_bytes = manifest.dumps()
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
@@ -317,7 +319,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
 
 def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
               weights: list[contract.WeightSpec], kernels: list[contract.Kernel],
-              members: dict[str, contract.Member], tactics=None) -> contract.Manifest:
+              members: dict[str, contract.Member], tactics=None, call_threads=None) -> contract.Manifest:
     """The bundle's manifest (validated: the writer is held to the contract the reader checks)."""
     p = model.program
     mutated_values = {v: k for k, v in model.mutations.items()}
@@ -352,6 +354,7 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
         members=members,
         out_tree=model.out_tree,
         tactics=tactics,
+        call_threads=call_threads,
     ).validate()
 
 

@@ -107,6 +107,7 @@ class BuildResult:
     tactics: dict = field(default_factory=dict)
     tactics_profiled: int = 0
     tactics_disqualified: int = 0
+    call_threads: object = None   # the manifest's CallThreads record (None: not tuned: --topn 1, 1 core)
 
     def summary(self) -> str:
         from .tactic_report import tactic_table
@@ -115,6 +116,10 @@ class BuildResult:
         text = summary_table(self.choices, self.fallbacks)
         if self.tactics:
             text += "\n\n" + tactic_table(self.tactics)
+        if self.call_threads is not None:
+            from .call_threads import describe
+
+            text += "\n\n" + describe(self.call_threads)
         if self.verification:
             text += "\n\n" + verification_table(self.verification)
         return text
@@ -313,8 +318,16 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     # whole bundle stage shows its elapsed time and the graph compile's share is split off after
     with progress.stage("bundle", label="graph compile + bundle"):
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
-        report = build_bundle(inline_kernels(fused, fallbacks), captured.weights, choices, staged, config,
-                              tactics=prep.tactics)
+        bundle_args = (inline_kernels(fused, fallbacks), captured.weights, choices, staged, config)
+        report = build_bundle(*bundle_args, tactics=prep.tactics)
+    call_threads = None
+    if config.topn > 1 and config.effective_cores > 1 and get_backend(config.backend).name == "cpu":
+        from .call_threads import tune_call_threads
+
+        with progress.stage("threads", label="tune call threads"):  # the finished bundle, timed per cap
+            call_threads = tune_call_threads(staged, input_sets[0], config.effective_cores, config.cache_dir,
+                                             report.graph_source.source)
+            build_bundle(*bundle_args, tactics=prep.tactics, call_threads=call_threads)
     checks = []
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
@@ -328,7 +341,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     return BuildResult(output=out, choices=choices, seconds=seconds, kernels_compiled=counts.compiler_calls,
                        kernels_profiled=pm.kernels_profiled, cache_hits=counts.cache_hits,
                        compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
-                       fallbacks=fallbacks, verification=checks, tactics=prep.tactics,
+                       fallbacks=fallbacks, verification=checks, tactics=prep.tactics, call_threads=call_threads,
                        tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified)
 
 

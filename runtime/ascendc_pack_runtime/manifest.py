@@ -31,7 +31,7 @@ from .errors import FormatNameError, FormatVersionError, ManifestJSONError, Memb
 from .names import check_member_name, path_conflicts
 from .outputs import count_leaves
 from .outputs import validate as validate_tree
-from .manifest_tactics import TacticCandidate, TacticStep
+from .manifest_tactics import CallThreads, TacticCandidate, TacticStep
 from .schema import MAX_COUNT, Fields, field_error, is_int, loads, show
 from .tensor_meta import itemsize, span_elems
 
@@ -421,6 +421,7 @@ class Manifest:
     format: str = FORMAT_NAME
     out_tree: Mapping | None = None   # the output structure (ascendc_pack_runtime.outputs); optional
     tactics: tuple[TacticStep, ...] | None = None   # the tactic steps (optional: absent before tactics)
+    call_threads: CallThreads | None = None   # the tuned thread cap of a call (optional: absent before it)
 
     def __post_init__(self):
         # a read-only view: the manifest is frozen all the way down (members are looked up by name)
@@ -456,6 +457,7 @@ class Manifest:
             members=members,
             out_tree=_out_tree(d.get("out_tree")),
             tactics=tuple(TacticStep.from_json(v, w) for v, w in f.list("tactics")) if "tactics" in d else None,
+            call_threads=CallThreads.from_json(d["call_threads"]) if "call_threads" in d else None,
         )
         m.validate()
         return m
@@ -541,6 +543,7 @@ class Manifest:
             "weights": self.weights.to_json(), "graph": self.graph.to_json(),
             "kernels": [k.to_json() for k in self.kernels],
             **({"tactics": [t.to_json() for t in self.tactics]} if self.tactics is not None else {}),
+            **({"call_threads": self.call_threads.to_json()} if self.call_threads is not None else {}),
             "members": {name: info.to_json() for name, info in self.members.items()},
         }
 
@@ -559,5 +562,5 @@ class Manifest:
 
 
 __all__ = ["Manifest", "Producer", "Target", "TorchBuild", "IOSpec", "Mutation", "WeightSpec", "Weights",
-           "Graph", "Candidate", "Kernel", "TacticCandidate", "TacticStep", "Member", "loads", "parse", "field_error", "check_member_name",
+           "Graph", "Candidate", "Kernel", "TacticCandidate", "TacticStep", "CallThreads", "Member", "loads", "parse", "field_error", "check_member_name",
            "path_conflicts", "kernel_key_of"]

@@ -1,6 +1,7 @@
-"""The tactic entries of ``manifest.json`` (docs/FORMAT.md, ``tactics``): the heavy steps (GEMM,
-convolution, attention) with candidate implementations, each candidate's PGO median and verdict,
-the choice per use. Part of :mod:`ascendc_pack_runtime.manifest` (same conventions: ``from_json``
+"""The tuned-choice entries of ``manifest.json`` beyond the fused kernels (docs/FORMAT.md):
+``tactics``, the heavy steps (GEMM, convolution, attention) with candidate implementations, each
+candidate's PGO median and verdict, the choice per use; and ``call_threads``, the thread cap of a
+whole call chosen the same way. Part of :mod:`ascendc_pack_runtime.manifest` (same conventions: ``from_json``
 checks types, bounds and cross-references and raises field errors naming the field path)."""
 
 from __future__ import annotations
@@ -83,4 +84,36 @@ class TacticStep:
                 "candidates": [c.to_json() for c in self.candidates], "uses": [dict(u) for u in self.uses]}
 
 
-__all__ = ["TacticCandidate", "TacticStep"]
+@dataclass(frozen=True)
+class CallThreads:
+    """``call_threads``: the thread cap of every call that PGO chose on the build host (``cap``;
+    None: no cap, every core) and each candidate cap's median call latency there (µs). The
+    runtime applies ``cap`` unless ``load(threads=...)`` says otherwise."""
+
+    cap: int | None
+    candidates: tuple[tuple[int, float | None], ...]   # (threads, median_us)
+
+    @staticmethod
+    def from_json(d: object, where: str = "call_threads") -> CallThreads:
+        f = Fields(d, where)
+        cap = f.int("cap", 1, nullable=True)
+        candidates = []
+        for v, w in f.list("candidates"):
+            g = Fields(v, w)
+            candidates.append((g.int("threads", 1), g.number("median_us")))
+        if cap is not None and cap not in [t for t, _ in candidates]:
+            raise field_error(f"{where}.cap", f"is {cap}, not one of the candidates' thread counts")
+        return CallThreads(cap, tuple(candidates))
+
+    def to_json(self) -> dict:
+        return {"cap": self.cap, "candidates": [{"threads": t, "median_us": m} for t, m in self.candidates]}
+
+    def describe(self) -> str:
+        """One line: the choice and every candidate's median call."""
+        timed = ", ".join(f"{t} thread{'s' if t > 1 else ''} " + ("-" if us is None else f"{us / 1e3:.3g} ms")
+                          for t, us in self.candidates)
+        chosen = f"capped at {self.cap}" if self.cap is not None else "no cap"
+        return f"{chosen} (median call on the build host: {timed}; load(threads=N) overrides)"
+
+
+__all__ = ["TacticCandidate", "TacticStep", "CallThreads"]

@@ -109,15 +109,18 @@ class Model:
         manifest: the bundle's manifest as JSON (dict); ``contract`` the same, typed.
         input_specs / output_specs: :class:`TensorSpec` per model input / flat output.
         directory: where the verified bundle was extracted.
-        threads: the thread cap of its calls (None: none), see :func:`load`.
+        threads: the thread cap of its calls (None: none): ``load(threads=...)``, else the cap
+            the build chose (manifest ``call_threads``), see :func:`load`.
 
     Calls are serialized per Model (the graph's planned buffers are shared by calls); load
     the bundle once per thread for parallel calls.
     """
 
     def __init__(self, extracted: Extracted, threads: int | None = None):
-        self.threads = check_threads(threads)
         m = extracted.contract if extracted.contract is not None else Manifest.from_json(extracted.manifest)
+        # the caller's cap, else the one PGO chose for the bundle's calls (manifest call_threads)
+        tuned = m.call_threads.cap if m.call_threads is not None else None
+        self.threads = check_threads(threads) if threads is not None else tuned
         self.contract = m
         self.manifest = extracted.manifest
         self.path = extracted.path
@@ -330,8 +333,11 @@ def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str =
     ``threads`` caps every call at that many threads: the fused kernels (at most their tuned
     block_dim) and torch's intra-op threads for the ATen steps, set on the calling thread for
     the call and restored after (a per-thread OpenMP setting: other threads keep theirs).
-    None (default): the kernels use their block_dim and torch its current setting. On a shared
-    host, cap each of K models served side by side at cores // K (:mod:`.threads`).
+    None (default): the cap the build measured to be fastest for the whole call (manifest
+    ``call_threads``: e.g. 1 for a small model on a host where waking a second core costs more
+    than it saves), or no cap if it chose every core or predates the choice; then the kernels
+    use their block_dim and torch its current setting. On a shared host, cap each of K models
+    served side by side at cores // K (:mod:`.threads`).
     """
     threads = check_threads(threads)
     return Model(open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys), threads)

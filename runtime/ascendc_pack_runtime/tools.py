@@ -48,6 +48,8 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
     lines.append(f"torch    {m.torch.version}  cxx11_abi={m.torch.cxx11_abi}")
     lines.append(f"cores    limit {m.core_limit if m.core_limit is not None else 'none'}, tuned for {m.cores}, "
                  f"topn {m.topn}")
+    if m.call_threads is not None:
+        lines.append(f"threads  {m.call_threads.describe()}")
     lines.append("inputs")
     lines += [f"  {_spec(s)}" for s in m.inputs]
     lines.append("outputs")

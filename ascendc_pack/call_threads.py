@@ -1,0 +1,119 @@
+"""PGO of a whole call's thread count: the ``call_threads`` record of the manifest.
+
+Every parallel region of a call (a fused kernel, a oneDNN convolution, an MKL GEMM) wakes the
+other threads of its team, which sleep between regions under the runtime's
+``OMP_WAIT_POLICY=PASSIVE``. On a VM a sleeping vCPU halts, and waking it is a trip through the
+hypervisor: 62 µs per 2-thread region on the 2-vCPU Intel host of 2026-12-02 (6-8 µs on the AMD
+one; ``bench/omp_wakeup.py``). A model of many small steps then runs faster on one thread
+(mobilenet_v3_small at batch 1: 3.1 ms on 2 threads, 1.4 ms on 1), and no per-kernel cost model
+sees that for the ATen steps. So the build times the finished bundle with each candidate cap on
+the model's real example inputs, in interleaved rounds with a lead-in (like every PGO
+measurement), and records every median and the choice; a cap below every core is chosen only
+when it beats no cap by more than :data:`MARGIN`. The runtime applies the choice unless the
+caller passes ``threads``. The record is cached per graph source and host, so a warm rebuild
+does not time again.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ascendc_pack_runtime.errors import BundleError
+from ascendc_pack_runtime.manifest_tactics import CallThreads
+
+from .cache import atomic_write_text, stable_hash
+from .tune import host_fingerprint
+
+CACHE_SUBDIR = "call_threads"
+RECORD_VERSION = 1
+MARGIN = 0.05
+"""A cap below every core must be this much faster than no cap (noise must not cap a model)."""
+ROUNDS = 5
+LEAD_IN_S = 0.03
+SAMPLE_S = 0.03
+
+
+def candidate_caps(cores: int) -> list[int]:
+    """The thread counts timed: every core (the no-cap baseline) first, half of them from 4
+    cores on, and 1."""
+    caps = [cores] + ([cores // 2] if cores >= 4 else []) + [1]
+    return list(dict.fromkeys(c for c in caps if c >= 1))
+
+
+def choose(medians: dict[int, float], cores: int, margin: float = MARGIN) -> int | None:
+    """The cap to record: the fastest candidate if it beats every core's median by more than
+    ``margin``, else None (no cap)."""
+    base = medians.get(cores)
+    best = min(medians, key=lambda t: (medians[t], -t))
+    if base is None or best == cores or medians[best] >= base * (1.0 - margin):
+        return None
+    return best
+
+
+def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> float:
+    """Median µs of the calls of one sample, after a lead-in of untimed calls."""
+
+    def call() -> float:
+        for i, t in restore.items():  # a model that mutates its inputs sees the same values every call
+            args[i].copy_(t)
+        t0 = time.perf_counter_ns()
+        model(*args)
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    start = time.perf_counter()
+    while time.perf_counter() - start < LEAD_IN_S:
+        call()
+    times, start = [], time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < SAMPLE_S:
+        times.append(call())
+    return statistics.median(times)
+
+
+def measure(bundle: Path, inputs: tuple, cores: int, rounds: int = ROUNDS) -> CallThreads:
+    """Load ``bundle`` once per candidate cap and time the calls on ``inputs`` in ``rounds``
+    interleaved rounds (order rotated); the record holds the median of the round medians."""
+    import ascendc_pack_runtime as rt
+
+    caps = candidate_caps(cores)
+    models = {c: rt.load(bundle, threads=c) for c in caps}
+    try:
+        mutated = [mu.index for mu in next(iter(models.values())).contract.mutations]
+        args = {c: [t.clone() for t in inputs] for c in caps}
+        restore = {i: inputs[i].clone() for i in mutated}
+        per_round: dict[int, list[float]] = {c: [] for c in caps}
+        with torch.no_grad():
+            for r in range(rounds):
+                for c in caps[r % len(caps):] + caps[:r % len(caps)]:
+                    per_round[c].append(_time_round(models[c], args[c], restore))
+    finally:
+        for m in models.values():
+            m.close()
+    medians = {c: statistics.median(v) for c, v in per_round.items()}
+    return CallThreads(choose(medians, cores), tuple((c, round(medians[c], 2)) for c in caps))
+
+
+def tune_call_threads(bundle: Path, inputs: tuple, cores: int, cache_dir: Path, graph_source: str) -> CallThreads:
+    """The record for this graph on this host: the cached one (``<cache>/call_threads/<key>.json``),
+    else a new :func:`measure`, then cached."""
+    key = stable_hash(RECORD_VERSION, graph_source, cores, json.dumps(host_fingerprint(), sort_keys=True))
+    path = Path(cache_dir) / CACHE_SUBDIR / f"{key}.json"
+    try:
+        return CallThreads.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, BundleError):  # absent or unreadable: measure again
+        pass
+    record = measure(bundle, inputs, cores)
+    atomic_write_text(path, json.dumps(record.to_json(), indent=1) + "\n")
+    return record
+
+
+def describe(record: CallThreads) -> str:
+    """One line for the build summary."""
+    return f"call threads: {record.describe()}"
+
+
+__all__ = ["CACHE_SUBDIR", "MARGIN", "candidate_caps", "choose", "describe", "measure", "tune_call_threads"]

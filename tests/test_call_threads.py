@@ -1,0 +1,103 @@
+"""The tuned thread cap of a whole call (ascendc_pack/call_threads.py, manifest ``call_threads``):
+candidates, the choice rule, the manifest record, a real build that times the finished bundle,
+the runtime applying the cap (and the caller overriding it), the cache of warm rebuilds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import ascendc_pack.call_threads as ct
+import ascendc_pack_runtime as rt
+from ascendc_pack.config import host_cores
+from ascendc_pack.pipeline import build
+from ascendc_pack_runtime.archive import read_head
+from ascendc_pack_runtime.errors import ManifestFieldError
+from ascendc_pack_runtime.manifest import CallThreads, Manifest
+from ascendc_pack_runtime.tools import inspect_bundle
+
+
+class Small(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.softmax(x * 2.0 + y, dim=-1), (x - y).abs().sum(dim=0)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(64, 256, generator=g), torch.randn(64, 256, generator=g)
+
+
+def test_candidates_start_with_every_core_and_end_with_one():
+    assert ct.candidate_caps(1) == [1]
+    assert ct.candidate_caps(2) == [2, 1]
+    assert ct.candidate_caps(3) == [3, 1]
+    assert ct.candidate_caps(8) == [8, 4, 1]
+
+
+@pytest.mark.parametrize("medians, cap", [
+    ({2: 100.0, 1: 50.0}, 1),     # one thread much faster: capped
+    ({2: 100.0, 1: 96.0}, None),  # within the margin: noise must not cap the model
+    ({2: 50.0, 1: 100.0}, None),  # every core fastest: no cap
+    ({8: 100.0, 4: 60.0, 1: 70.0}, 4),
+    ({2: 100.0, 1: 100.0}, None)])
+def test_a_cap_is_chosen_only_when_clearly_faster(medians, cap):
+    assert ct.choose(medians, max(medians)) == cap
+
+
+def test_the_record_round_trips_and_bad_records_name_the_field():
+    rec = CallThreads(1, ((2, 3340.5), (1, 1580.25)))
+    assert CallThreads.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert "capped at 1" in rec.describe() and "3.34 ms" in rec.describe()
+    with pytest.raises(ManifestFieldError, match=r"call_threads.cap.*not one of the candidates"):
+        CallThreads.from_json({"cap": 4, "candidates": [{"threads": 2, "median_us": 1.0}]})
+    with pytest.raises(ManifestFieldError, match=r"call_threads.cap"):
+        CallThreads.from_json({"cap": 0, "candidates": []})
+    with pytest.raises(ManifestFieldError, match=r"call_threads.candidates\[0\].median_us"):
+        CallThreads.from_json({"cap": None, "candidates": [{"threads": 1, "median_us": -1}]})
+
+
+@pytest.mark.skipif(host_cores() < 2, reason="a thread cap needs 2 usable cores")
+def test_a_tuned_build_times_every_cap_records_it_and_the_runtime_applies_it(tmp_path):
+    cache = tmp_path / "cache"
+    out = tmp_path / "small.ascpack"
+    result = build(Small(), _inputs(), topn=2, output=out, cache_dir=cache, cores=2)
+    rec = read_head(out).manifest.call_threads
+    assert rec == result.call_threads
+    assert [t for t, _ in rec.candidates] == [2, 1]
+    assert all(m is not None and m > 0 for _, m in rec.candidates)
+    assert rec.cap == ct.choose(dict(rec.candidates), 2)
+    assert "call threads:" in result.summary()
+    assert "threads" in result.seconds
+    with rt.load(out) as m:
+        assert m.threads == rec.cap
+        want = Small()(*_inputs())
+        for got, ref in zip(m(*_inputs()), want):
+            torch.testing.assert_close(got, ref)
+    with rt.load(out, threads=2) as m:
+        assert m.threads == 2            # the caller's cap wins
+    assert f"threads  {rec.describe()}" in inspect_bundle(out)[0]
+    # a warm rebuild reuses the cached record: the same medians, not a new measurement
+    again = build(Small(), _inputs(), topn=2, output=tmp_path / "again.ascpack", cache_dir=cache, cores=2)
+    assert again.call_threads == rec
+    assert len(list((cache / ct.CACHE_SUBDIR).glob("*.json"))) == 1
+
+
+def test_topn_1_builds_record_no_cap(tmp_path):
+    out = tmp_path / "small1.ascpack"
+    result = build(Small(), _inputs(), topn=1, output=out, cache_dir=tmp_path / "cache")
+    assert result.call_threads is None
+    assert read_head(out).manifest.call_threads is None
+    assert "call_threads" not in read_head(out).manifest.to_json()
+    with rt.load(out) as m:
+        assert m.threads is None
+
+
+def test_a_manifest_whose_cap_is_not_a_candidate_is_refused(tmp_path):
+    out = tmp_path / "small.ascpack"
+    build(Small(), _inputs(), topn=2, output=out, cache_dir=tmp_path / "cache", cores=2)
+    d = read_head(out).manifest.to_json()
+    d["call_threads"] = {"cap": 7, "candidates": [{"threads": 2, "median_us": 10.0}]}
+    with pytest.raises(ManifestFieldError, match="call_threads.cap"):
+        Manifest.from_json(d)
