@@ -320,14 +320,9 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
         bundle_args = (inline_kernels(fused, fallbacks), captured.weights, choices, staged, config)
         report = build_bundle(*bundle_args, tactics=prep.tactics)
-    call_threads = None
-    if config.topn > 1 and config.effective_cores > 1 and get_backend(config.backend).name == "cpu":
-        from .call_threads import tune_call_threads
-
-        with progress.stage("threads", label="tune call threads"):  # the finished bundle, timed per cap
-            call_threads = tune_call_threads(staged, input_sets[0], config.effective_cores, config.cache_dir,
-                                             report.graph_source.source)
-            build_bundle(*bundle_args, tactics=prep.tactics, call_threads=call_threads)
+    call_threads = _tune_call_threads(staged, input_sets[0], config, report, progress, remove_on_error=verify,
+                                      rewrite=lambda rec: build_bundle(*bundle_args, tactics=prep.tactics,
+                                                                       call_threads=rec))
     checks = []
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
@@ -343,6 +338,31 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                        compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
                        fallbacks=fallbacks, verification=checks, tactics=prep.tactics, call_threads=call_threads,
                        tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified)
+
+
+def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, remove_on_error: bool, rewrite):
+    """The ``call_threads`` record of a tuned CPU build on 2+ cores (:mod:`.call_threads`), with
+    the bundle rewritten by ``rewrite(record)``; else None. A bundle that does not load is a
+    VerificationError (and, staged, is deleted)."""
+    from ascendc_pack_runtime.errors import BundleError
+
+    from .backend import get_backend
+    from .call_threads import tune_call_threads
+
+    if config.topn <= 1 or config.effective_cores <= 1 or get_backend(config.backend).name != "cpu":
+        return None
+    with progress.stage("threads", label="tune call threads"):  # the finished bundle, timed per cap
+        try:
+            record = tune_call_threads(staged, inputs, config.effective_cores, config.cache_dir,
+                                       report.graph_source.source)
+            rewrite(record)
+            return record
+        except BaseException as exc:
+            if remove_on_error:
+                staged.unlink(missing_ok=True)
+            if isinstance(exc, BundleError):
+                raise VerificationError(f"the new bundle does not load: {exc}") from None
+            raise
 
 
 def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:

@@ -12,7 +12,8 @@ from .machine import load_line
 from .stats import UNSTABLE_REL_IQR
 
 #: build stages in pipeline order (graph_compile is part of bundle)
-STAGES = ("load", "capture", "fuse", "tactics", "compile", "graph_runtime", "tune", "graph_compile", "bundle", "verify")
+STAGES = ("load", "capture", "fuse", "tactics", "compile", "graph_runtime", "tune", "graph_compile", "bundle", "threads",
+          "verify")
 
 
 def fmt_us(v) -> str:
