@@ -16,7 +16,8 @@ from ascendc_pack.pipeline import build
 from ascendc_pack_runtime.archive import read_head
 from ascendc_pack_runtime.errors import ManifestFieldError
 from ascendc_pack_runtime.manifest import CallThreads, Manifest
-from ascendc_pack_runtime.tools import inspect_bundle
+from ascendc_pack_runtime.tools import inspect_bundle, run_bundle
+from .bundle_fixtures import repack
 
 
 class Small(torch.nn.Module):
@@ -92,6 +93,26 @@ def test_topn_1_builds_record_no_cap(tmp_path):
     assert "call_threads" not in read_head(out).manifest.to_json()
     with rt.load(out) as m:
         assert m.threads is None
+
+
+def test_a_recorded_cap_is_applied_reported_by_run_and_overridden_by_the_caller(tmp_path):
+    src = tmp_path / "small.ascpack"
+    build(Small(), _inputs(), topn=1, output=src, cache_dir=tmp_path / "cache")
+
+    def cap_at_1(manifest, _members):
+        manifest["call_threads"] = {"cap": 1, "candidates": [{"threads": 2, "median_us": 300.0},
+                                                             {"threads": 1, "median_us": 100.0}]}
+
+    capped = repack(src, tmp_path / "capped.ascpack", cap_at_1)
+    with rt.load(capped) as m:
+        assert m.threads == 1
+    with rt.load(capped, threads=2) as m:
+        assert m.threads == 2
+    lines, status, _ = run_bundle(capped, repeat=2)
+    assert status == 0
+    assert any("threads: cap 1 (tuned at build: manifest call_threads)" in line for line in lines), lines
+    lines, status, _ = run_bundle(capped, repeat=2, threads=2)
+    assert any(line.startswith("threads: cap 2 (fused") for line in lines), lines
 
 
 def test_a_manifest_whose_cap_is_not_a_candidate_is_refused(tmp_path):

@@ -229,7 +229,8 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
              f"inputs: {'random (seed %d)' % seed if inputs_file is None else inputs_file}: "
              + ", ".join(f"{s.name} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
                          for s, t in zip(model.input_specs, inputs)),
-             (f"threads: cap {threads} (fused kernels and torch's intra-op threads during calls); " if threads else
+             (f"threads: cap {model.threads}{'' if threads else ' (tuned at build: manifest call_threads)'} "
+              "(fused kernels and torch's intra-op threads during calls); " if model.threads else
               f"threads: no cap (fused kernels: their block_dim; torch intra-op: {torch.get_num_threads()}); ")
              + WAIT_POLICY.describe()]
     outputs = []
