@@ -26,6 +26,7 @@ import torch
 from ascendc_pack_runtime.errors import BundleError
 from ascendc_pack_runtime.manifest_tactics import CallThreads
 
+from .bench.stats import lead_in
 from .cache import atomic_write_text, stable_hash
 from .tune import host_fingerprint
 
@@ -65,9 +66,7 @@ def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> float:
         model(*args)
         return (time.perf_counter_ns() - t0) / 1e3
 
-    start = time.perf_counter()
-    while time.perf_counter() - start < LEAD_IN_S:
-        call()
+    lead_in(call, LEAD_IN_S * 1e6)
     times, start = [], time.perf_counter()
     while len(times) < 3 or time.perf_counter() - start < SAMPLE_S:
         times.append(call())
@@ -111,9 +110,4 @@ def tune_call_threads(bundle: Path, inputs: tuple, cores: int, cache_dir: Path, 
     return record
 
 
-def describe(record: CallThreads) -> str:
-    """One line for the build summary."""
-    return f"call threads: {record.describe()}"
-
-
-__all__ = ["CACHE_SUBDIR", "MARGIN", "candidate_caps", "choose", "describe", "measure", "tune_call_threads"]
+__all__ = ["CACHE_SUBDIR", "MARGIN", "candidate_caps", "choose", "measure", "tune_call_threads"]

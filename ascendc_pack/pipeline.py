@@ -117,9 +117,7 @@ class BuildResult:
         if self.tactics:
             text += "\n\n" + tactic_table(self.tactics)
         if self.call_threads is not None:
-            from .call_threads import describe
-
-            text += "\n\n" + describe(self.call_threads)
+            text += "\n\ncall threads: " + self.call_threads.describe()
         if self.verification:
             text += "\n\n" + verification_table(self.verification)
         return text
