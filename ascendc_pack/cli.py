@@ -310,17 +310,21 @@ def verify(bundle: str, trusted_keys: tuple[str, ...]) -> None:
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of --check (default: per dtype).")
 @click.option("--save-outputs", default=None, metavar="F.npz", type=click.Path(dir_okay=False),
               help="Write the outputs to an .npz, one array per output named as in the manifest (needs numpy).")
+@click.option("--profile", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Also profile N calls (torch.profiler) and print the slowest steps and the time per kernel / ATen op.")
 def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, warmup: int, seed: int,
-        threads: int | None, check_file: str | None, atol, rtol, save_outputs: str | None) -> None:
+        threads: int | None, check_file: str | None, atol, rtol, save_outputs: str | None, profile: int) -> None:
     """Load BUNDLE with the minimal runtime, run it and print the outputs' dtypes and shapes and
     the latency percentiles p50/p90/p99; with --check, the error of every output against the
-    eager model (and the allowed error)."""
+    eager model (and the allowed error); with --profile N, where the time of a call goes, step
+    by step."""
     from ascendc_pack_runtime.tools import run_bundle
 
     if inputs_file and random_inputs:
         _fail(ValueError("pass either --inputs FILE.npz or --random, not both"))
     lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed,
-                              threads=threads, check=check_file, atol=atol, rtol=rtol, save_outputs=save_outputs)
+                              threads=threads, check=check_file, atol=atol, rtol=rtol, save_outputs=save_outputs,
+                              profile=profile)
     click.echo("\n".join(lines), err=rc != 0)
     sys.exit(rc)
 

@@ -30,10 +30,11 @@ from .errors import __all__ as _error_names  # noqa: E402
 from . import bundle  # noqa: E402,F401  (``ascendc_pack_runtime.bundle`` keeps its public names)
 from .manifest import Manifest  # noqa: E402
 from .model import Model, TensorSpec, load  # noqa: E402
+from .step_profile import StepProfile, profile_steps  # noqa: E402
 from .verify import VerifyReport, read_manifest, verify_bundle  # noqa: E402
 
 __all__ = [
     "__version__", "FORMAT_VERSION", "GRAPH_ABI_VERSION", "KERNEL_ABI_VERSION", "include_dir", "load", "Model",
-    "TensorSpec", "Manifest", "verify_bundle", "VerifyReport", "read_manifest", "WAIT_POLICY", "WaitPolicy",
+    "TensorSpec", "Manifest", "profile_steps", "StepProfile", "verify_bundle", "VerifyReport", "read_manifest", "WAIT_POLICY", "WaitPolicy",
     *_error_names,
 ]

@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance of --check (default: per dtype)")
     a.add_argument("--save-outputs", default=None, metavar="F.npz",
                    help="write the outputs to an .npz named by the manifest's output names (needs numpy)")
+    a.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also profile N calls (torch.profiler): the slowest steps, time per kernel / ATen op")
     _trust_option(a)
     a = sub.add_parser("extract", help="verify and extract into the cache; print the directory")
     a.add_argument("bundle")
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         lines, rc, _ = tools.run_bundle(args.bundle, inputs_file=args.inputs, repeat=args.repeat,
                                         warmup=args.warmup, seed=args.seed, cache_dir=args.cache_dir,
                                         trusted_keys=args.trusted_key, threads=args.threads, check=args.check,
-                                        atol=args.atol, rtol=args.rtol, save_outputs=args.save_outputs)
+                                        atol=args.atol, rtol=args.rtol, save_outputs=args.save_outputs,
+                                        profile=args.profile)
         print("\n".join(lines), file=sys.stderr if rc else sys.stdout)
         return rc
     text, rc = tools.extract(args.bundle, args.cache_dir, "full" if args.full else "sizes", args.trusted_key)

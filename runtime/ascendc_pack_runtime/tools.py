@@ -180,14 +180,15 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int = 20, warmup: int = 1,
                seed: int = 0, cache_dir: str | None = None, trusted_keys=None, threads: int | None = None,
                check: str | None = None, rtol: float | None = None, atol: float | None = None,
-               save_outputs: str | None = None) -> tuple[list[str], int, dict]:
+               save_outputs: str | None = None, profile: int = 0) -> tuple[list[str], int, dict]:
     """(lines, exit status, results) of ``run``: load (``threads``: see :func:`~.load`), call
     ``warmup + repeat`` times, report output dtypes/shapes and latency percentiles (ms).
 
     ``check``: a model file whose eager module gets the same inputs; every output must match by
     the accuracy rule (:mod:`.accuracy`; ``rtol``/``atol`` override it), else exit status 1.
     ``save_outputs``: write the first call's outputs to this ``.npz``, one array per output
-    named after the manifest's outputs (needs numpy)."""
+    named after the manifest's outputs (needs numpy). ``profile``: also profile this many calls
+    and report the slowest steps (:func:`~.step_profile.profile_steps`)."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -196,6 +197,8 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
 
     if repeat < 1:
         return ["error: --repeat must be at least 1"], 1, {}
+    if profile < 0:
+        return [f"error: --profile must be a number of calls, 0 or more (got {profile})"], 1, {}
     try:
         if save_outputs is not None:
             _numpy("--save-outputs F.npz")
@@ -249,8 +252,15 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
                  ", ".join(f"{k} {v:.3f} ms" for k, v in pct.items()) +
                  f", min {times[0]:.3f} ms, max {times[-1]:.3f} ms")
     names = [s.name for s in model.output_specs]
+    step_profile = None
+    if profile:
+        from .step_profile import profile_steps
+
+        make_args = (lambda: [t.clone() for t in inputs]) if mutates else None
+        step_profile = profile_steps(model, inputs, calls=profile, warmup=0, make_args=make_args)
+        lines += step_profile.lines()
     model.close()
-    rc, results = 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms}
+    rc, results = 0, {"outputs": outputs, "latency_ms": pct, "load_ms": load_ms, "profile": step_profile}
     if save_outputs is not None:
         line, rc = _save_outputs(save_outputs, names, flat)
         lines.append(line)

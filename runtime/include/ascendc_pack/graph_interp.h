@@ -14,6 +14,7 @@
 #define ASCENDC_PACK_GRAPH_INTERP_H_
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/record_function.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
@@ -350,7 +351,11 @@ void launch_kernel(const ap_insn& x, Frame& f) {
   for (int32_t k = 0; k < x.nrefs; ++k) ptrs.push_back(f[x.refs[k]].data_ptr());
   ptrs.push_back(nullptr);  // never an empty array
   void* ws = x.src.space == AP_NOWHERE ? nullptr : f[x.src].data_ptr();
-  launch(f.S.kernels[x.a], ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
+  const Kernel& k = f.S.kernels[x.a];
+  // a profiler event named after the kernel (ATen steps get theirs from the dispatcher); one
+  // thread-local check when no profiler runs
+  RECORD_FUNCTION(k.spec->name, c10::ArrayRef<const c10::IValue>{});
+  launch(k, ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
 }
 
 void exec(const ap_insn* code, int32_t n, Frame& f) {
