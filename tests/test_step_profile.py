@@ -36,6 +36,8 @@ def test_every_kernel_launch_is_a_named_step(add_sum):
     assert [s.position for s in prof.steps] == sorted(s.position for s in prof.steps)
     assert all(s.median_us > 0 for s in prof.steps)
     assert 0 < prof.steps_us <= prof.call_median_us
+    with torch.profiler.record_function("caller's own range"):  # the run event then has a parent
+        assert [s.name for s in rt.profile_steps(model, tuple(inputs), calls=2).steps] == [s.name for s in prof.steps]
     model.close()
 
 
