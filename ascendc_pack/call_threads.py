@@ -9,9 +9,10 @@ one; ``bench/omp_wakeup.py``). A model of many small steps then runs faster on o
 sees that for the ATen steps. So the build times the finished bundle with each candidate cap on
 the model's real example inputs, in interleaved rounds with a lead-in (like every PGO
 measurement), and records every median and the choice; a cap below every core is chosen only
-when it beats no cap by more than :data:`MARGIN`. The runtime applies the choice unless the
-caller passes ``threads``. The record is cached per graph source and host, so a warm rebuild
-does not time again.
+when it beats no cap by more than :data:`MARGIN`. The record names this host (usable cores, CPU
+model): the runtime applies the choice only on a host like it, and unless the caller passes
+``threads``. The record is cached per graph source and host, so a warm rebuild does not time
+again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ascendc_pack_runtime.errors import BundleError
+from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.manifest_tactics import CallThreads
 
 from .bench.stats import lead_in
@@ -31,7 +33,7 @@ from .cache import atomic_write_text, stable_hash
 from .tune import host_fingerprint
 
 CACHE_SUBDIR = "call_threads"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 MARGIN = 0.05
 """A cap below every core must be this much faster than no cap (noise must not cap a model)."""
 ROUNDS = 5
@@ -93,7 +95,8 @@ def measure(bundle: Path, inputs: tuple, cores: int, rounds: int = ROUNDS) -> Ca
         for m in models.values():
             m.close()
     medians = {c: statistics.median(v) for c, v in per_round.items()}
-    return CallThreads(choose(medians, cores), tuple((c, round(medians[c], 2)) for c in caps))
+    return CallThreads(choose(medians, cores), tuple((c, round(medians[c], 2)) for c in caps), cores,
+                       host_cpu_model())
 
 
 def tune_call_threads(bundle: Path, inputs: tuple, cores: int, cache_dir: Path, graph_source: str) -> CallThreads:

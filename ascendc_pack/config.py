@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ascendc_pack_runtime.host import usable_cores
+
 from .backend import DEFAULT_BACKEND, check_backend_name
 from .errors import ConfigError
 
@@ -47,10 +49,7 @@ class ConfigWarning(UserWarning):
 
 def host_cores() -> int:
     """Number of CPU cores this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def default_cache_dir() -> Path:

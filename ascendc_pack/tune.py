@@ -34,11 +34,11 @@ import statistics
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Callable
 
 import torch
 
+from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.kernels import KernelLoadError
 
 from .autotune import AutotuneError, CandidateFailed, Protocol, select
@@ -68,14 +68,7 @@ def host_fingerprint() -> dict:
 
 @lru_cache(maxsize=1)
 def _host_fingerprint() -> dict:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = host_cpu_model() or ""
     isa = sorted(f for f in host_cpu_flags() if f.startswith(("avx", "fma", "sse4", "f16c", "amx")))
     return {"machine": platform.machine(), "cpu": model or platform.processor(), "cores": host_cores(),
             "isa": ",".join(isa)}

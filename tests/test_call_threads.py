@@ -15,6 +15,7 @@ from ascendc_pack.config import host_cores
 from ascendc_pack.pipeline import build
 from ascendc_pack_runtime.archive import read_head
 from ascendc_pack_runtime.errors import ManifestFieldError
+from ascendc_pack_runtime.host import host_cpu_model, usable_cores
 from ascendc_pack_runtime.manifest import CallThreads, Manifest
 from ascendc_pack_runtime.tools import inspect_bundle, run_bundle
 from .bundle_fixtures import repack
@@ -59,6 +60,24 @@ def test_the_record_round_trips_and_bad_records_name_the_field():
         CallThreads.from_json({"cap": None, "candidates": [{"threads": 1, "median_us": -1}]})
 
 
+def test_the_record_names_its_host_and_a_cap_carries_over_only_to_a_host_like_it():
+    rec = CallThreads(1, ((2, 3340.5), (1, 1580.25)), 2, "Intel(R) Xeon(R) Processor")
+    assert CallThreads.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert "median call on the 2-core Intel(R) Xeon(R) Processor build host: 2 threads 3.34 ms" in rec.describe()
+    assert rec.mismatch(2, "Intel(R) Xeon(R) Processor", 2) is None
+    assert rec.mismatch(2, None, 2) is None                       # CPU model unknown here: cores decide
+    assert rec.mismatch(16, "Intel(R) Xeon(R) Processor", 2) == "tuned on a 2-core host, this one has 16 usable cores"
+    assert "AMD EPYC 7B13" in rec.mismatch(2, "AMD EPYC 7B13", 2)
+    old = CallThreads(1, ((2, 3340.5), (1, 1580.25)))             # a record from before the host was named
+    assert CallThreads.from_json(old.to_json()) == old and "cores" not in old.to_json()
+    assert old.mismatch(2, "AMD EPYC 7B13", 2) is None            # the manifest's cores stand in
+    assert old.mismatch(4, None, 2) is not None
+    with pytest.raises(ManifestFieldError, match=r"call_threads.cores"):
+        CallThreads.from_json({**rec.to_json(), "cores": 0})
+    with pytest.raises(ManifestFieldError, match=r"call_threads.cpu"):
+        CallThreads.from_json({**rec.to_json(), "cpu": ""})
+
+
 @pytest.mark.skipif(host_cores() < 2, reason="a thread cap needs 2 usable cores")
 def test_a_tuned_build_times_every_cap_records_it_and_the_runtime_applies_it(tmp_path):
     cache = tmp_path / "cache"
@@ -69,10 +88,12 @@ def test_a_tuned_build_times_every_cap_records_it_and_the_runtime_applies_it(tmp
     assert [t for t, _ in rec.candidates] == [2, 1]
     assert all(m is not None and m > 0 for _, m in rec.candidates)
     assert rec.cap == ct.choose(dict(rec.candidates), 2)
+    assert rec.cores == 2 and rec.cpu == host_cpu_model()   # the host the medians belong to
     assert "call threads:" in result.summary()
     assert "threads" in result.seconds
+    applies = rec.mismatch(usable_cores(), host_cpu_model(), 2) is None   # a 2-core build on this host
     with rt.load(out) as m:
-        assert m.threads == rec.cap
+        assert m.threads == (rec.cap if applies else None)
         want = Small()(*_inputs())
         for got, ref in zip(m(*_inputs()), want):
             torch.testing.assert_close(got, ref)
@@ -113,6 +134,37 @@ def test_a_recorded_cap_is_applied_reported_by_run_and_overridden_by_the_caller(
     assert any("threads: cap 1 (tuned at build: manifest call_threads)" in line for line in lines), lines
     lines, status, _ = run_bundle(capped, repeat=2, threads=2)
     assert any(line.startswith("threads: cap 2 (fused") for line in lines), lines
+
+
+def test_a_cap_tuned_on_another_host_is_not_applied_and_every_tool_says_why(tmp_path):
+    src = tmp_path / "small.ascpack"
+    build(Small(), _inputs(), topn=1, output=src, cache_dir=tmp_path / "cache")
+    here, other = usable_cores(), usable_cores() + 14
+
+    def cap_at_1(cores):
+        def edit(manifest, _members):
+            manifest["call_threads"] = {"cap": 1, "candidates": [{"threads": cores, "median_us": 300.0},
+                                                                 {"threads": 1, "median_us": 100.0}],
+                                        "cores": cores, "cpu": host_cpu_model() or "some CPU"}
+        return edit
+
+    same = repack(src, tmp_path / "same.ascpack", cap_at_1(here))
+    with rt.load(same) as m:
+        assert m.threads == 1 and m.threads_note is None
+    elsewhere = repack(src, tmp_path / "elsewhere.ascpack", cap_at_1(other))
+    with rt.load(elsewhere) as m:
+        assert m.threads is None
+        assert m.threads_note == f"the build's cap of 1 not applied: tuned on a {other}-core host, " \
+                                 f"this one has {here} usable cores"
+        for got, ref in zip(m(*_inputs()), Small()(*_inputs())):
+            torch.testing.assert_close(got, ref)
+    with rt.load(elsewhere, threads=1) as m:
+        assert m.threads == 1                 # the caller can still cap it
+    lines, status, _ = run_bundle(elsewhere, repeat=2)
+    assert status == 0
+    assert any(line.startswith("threads: no cap") and f"tuned on a {other}-core host" in line
+               and "--threads N caps" in line for line in lines), lines
+    assert f"not applied on this host: tuned on a {other}-core host" in inspect_bundle(elsewhere)[0]
 
 
 def test_a_manifest_whose_cap_is_not_a_candidate_is_refused(tmp_path):

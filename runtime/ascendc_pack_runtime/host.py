@@ -7,6 +7,7 @@ the loader read ``/proc/cpuinfo`` the same way.
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -36,6 +37,31 @@ def host_cpu_flags(cpuinfo: Path | str = CPUINFO) -> frozenset[str] | None:
     except OSError:
         return None
     return parse_cpu_flags(text)
+
+
+def parse_cpu_model(cpuinfo: str) -> str | None:
+    """The ``model name`` of the first CPU in ``/proc/cpuinfo`` text; None when it has none."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return None
+
+
+def host_cpu_model(cpuinfo: Path | str = CPUINFO) -> str | None:
+    """This host's CPU model name (``/proc/cpuinfo``); None when unknown."""
+    try:
+        return parse_cpu_model(Path(cpuinfo).read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def usable_cores() -> int:
+    """Number of CPU cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def normalize_arch(arch: str) -> str:
@@ -104,4 +130,4 @@ def check_host(m: Manifest, *, cpu_flags: frozenset[str] | set[str] | None = Non
         raise problems[0]
 
 
-__all__ = ["parse_cpu_flags", "host_cpu_flags", "normalize_arch", "host_problems", "check_host"]
+__all__ = ["parse_cpu_flags", "host_cpu_flags", "parse_cpu_model", "host_cpu_model", "usable_cores", "normalize_arch", "host_problems", "check_host"]

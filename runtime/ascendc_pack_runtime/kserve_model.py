@@ -100,7 +100,8 @@ class AscpackModel(kserve.Model):
         workers: model instances that serve requests in parallel.
         runner_factory: makes one runner (default: loads the bundle); the eager comparison in
             ``ascendc-pack serve --eager`` passes one that runs the PyTorch module.
-        threads: thread cap of each instance's calls (``load(..., threads=)``; None: none).
+        threads: thread cap of each instance's calls (``load(..., threads=)``; None: the
+            build's cap where it applies, else none); afterwards the cap in force.
     """
 
     def __init__(self, bundle: str | Path, name: str | None = None, *, workers: int = 1,
@@ -118,7 +119,8 @@ class AscpackModel(kserve.Model):
         super().__init__(name, return_response_headers=True)
         self.bundle = Path(bundle)
         self.workers = workers
-        self.threads = threads
+        self.threads = first.threads             # the cap in force: the caller's, or the build's
+        self.threads_note = first.threads_note   # why the build's cap was not applied (None: it was, or none)
         self.input_specs, self.output_specs = list(first.input_specs), list(first.output_specs)
         self._inputs_meta = v2.metadata(self.input_specs)
         self._outputs_meta = v2.metadata(self.output_specs)

@@ -87,11 +87,15 @@ class TacticStep:
 @dataclass(frozen=True)
 class CallThreads:
     """``call_threads``: the thread cap of every call that PGO chose on the build host (``cap``;
-    None: no cap, every core) and each candidate cap's median call latency there (µs). The
-    runtime applies ``cap`` unless ``load(threads=...)`` says otherwise."""
+    None: no cap, every core), each candidate cap's median call latency there (µs), and that
+    host: ``cores`` (the cores every-core means there) and ``cpu`` (its CPU model; both None in
+    bundles built before they were recorded). The runtime applies ``cap`` only on a host like
+    it (:meth:`mismatch`) and unless ``load(threads=...)`` says otherwise."""
 
     cap: int | None
     candidates: tuple[tuple[int, float | None], ...]   # (threads, median_us)
+    cores: int | None = None
+    cpu: str | None = None
 
     @staticmethod
     def from_json(d: object, where: str = "call_threads") -> CallThreads:
@@ -103,17 +107,38 @@ class CallThreads:
             candidates.append((g.int("threads", 1), g.number("median_us")))
         if cap is not None and cap not in [t for t, _ in candidates]:
             raise field_error(f"{where}.cap", f"is {cap}, not one of the candidates' thread counts")
-        return CallThreads(cap, tuple(candidates))
+        cores = f.int("cores", 1, optional=True)
+        cpu = f.get("cpu", lambda v: isinstance(v, str) and bool(v), "a non-empty string", optional=True)
+        return CallThreads(cap, tuple(candidates), cores, cpu)
 
     def to_json(self) -> dict:
-        return {"cap": self.cap, "candidates": [{"threads": t, "median_us": m} for t, m in self.candidates]}
+        d = {"cap": self.cap, "candidates": [{"threads": t, "median_us": m} for t, m in self.candidates]}
+        if self.cores is not None:
+            d["cores"] = self.cores
+        if self.cpu is not None:
+            d["cpu"] = self.cpu
+        return d
+
+    def mismatch(self, cores: int, cpu: str | None, build_cores: int) -> str | None:
+        """Why the cap does not carry over to a host with ``cores`` usable cores and CPU model
+        ``cpu`` (None: it does). A cap is a trade-off measured on one host (a 2-vCPU VM pays
+        62-82 µs to wake a halted vCPU per parallel region, ``bench/omp_wakeup.py``); carried to
+        a host with other cores or another CPU, a cap of 1 could idle all but one of 16 cores.
+        ``build_cores``: the manifest's ``cores``, for records that predate ``cores``."""
+        timed_on = self.cores if self.cores is not None else build_cores
+        if cores != timed_on:
+            return f"tuned on a {timed_on}-core host, this one has {cores} usable cores"
+        if self.cpu is not None and cpu is not None and cpu != self.cpu:
+            return f"tuned on a {self.cpu} host, this one is a {cpu}"
+        return None
 
     def describe(self) -> str:
-        """One line: the choice and every candidate's median call."""
+        """One line: the choice, every candidate's median call and the host they were timed on."""
         timed = ", ".join(f"{t} thread{'s' if t > 1 else ''} " + ("-" if us is None else f"{us / 1e3:.3g} ms")
                           for t, us in self.candidates)
         chosen = f"capped at {self.cap}" if self.cap is not None else "no cap"
-        return f"{chosen} (median call on the build host: {timed}; load(threads=N) overrides)"
+        host = "" if self.cores is None else f"{self.cores}-core {self.cpu + ' ' if self.cpu else ''}"
+        return f"{chosen}; median call on the {host}build host: {timed}; load(threads=N) overrides"
 
 
 __all__ = ["TacticCandidate", "TacticStep", "CallThreads"]

@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from .constants import GRAPH_ABI_VERSION, MANIFEST_NAME, REBUILD
 from .errors import CacheIOError, GraphLoadError, KernelMismatchError, TamperedExtractionError
 from .extract import Extracted, check_libraries, open_bundle
+from .host import host_cpu_model, usable_cores
 from .manifest import IOSpec, Manifest
 from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
@@ -110,7 +111,9 @@ class Model:
         input_specs / output_specs: :class:`TensorSpec` per model input / flat output.
         directory: where the verified bundle was extracted.
         threads: the thread cap of its calls (None: none): ``load(threads=...)``, else the cap
-            the build chose (manifest ``call_threads``), see :func:`load`.
+            the build chose (manifest ``call_threads``) where this host is like the build host,
+            see :func:`load`; ``threads_note`` says why a recorded cap was not applied (None: it
+            was, or there is none).
 
     Calls are serialized per Model (the graph's planned buffers are shared by calls); load
     the bundle once per thread for parallel calls.
@@ -118,8 +121,8 @@ class Model:
 
     def __init__(self, extracted: Extracted, threads: int | None = None):
         m = extracted.contract if extracted.contract is not None else Manifest.from_json(extracted.manifest)
-        # the caller's cap, else the one PGO chose for the bundle's calls (manifest call_threads)
-        tuned = m.call_threads.cap if m.call_threads is not None else None
+        # the caller's cap, else the one PGO chose for the bundle's calls on a host like this one
+        tuned, self.threads_note = _tuned_cap(m)
         self.threads = check_threads(threads) if threads is not None else tuned
         self.contract = m
         self.manifest = extracted.manifest
@@ -298,6 +301,18 @@ def _graph_ops(directory: Path, m: Manifest):
     return ops
 
 
+def _tuned_cap(m: Manifest) -> tuple[int | None, str | None]:
+    """The build's thread cap (manifest ``call_threads``) if it carries over to this host, and
+    why not otherwise: ``(cap, None)`` or ``(None, reason)``; ``(None, None)`` without a cap."""
+    rec = m.call_threads
+    if rec is None or rec.cap is None:
+        return None, None
+    why = rec.mismatch(usable_cores(), host_cpu_model(), m.cores)
+    if why is not None:
+        return None, f"the build's cap of {rec.cap} not applied: {why}"
+    return rec.cap, None
+
+
 def _cap_kernel_threads(ops, handle: int, threads: int, name: str) -> None:
     """Cap the fused kernels' threads (graph op ``set_threads``; graphs built before it lack it)."""
     try:
@@ -335,8 +350,10 @@ def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str =
     the call and restored after (a per-thread OpenMP setting: other threads keep theirs).
     None (default): the cap the build measured to be fastest for the whole call (manifest
     ``call_threads``: e.g. 1 for a small model on a host where waking a second core costs more
-    than it saves), or no cap if it chose every core or predates the choice; then the kernels
-    use their block_dim and torch its current setting. On a shared host, cap each of K models
+    than it saves) where this host has the build host's usable cores and CPU model (elsewhere
+    the trade-off is another one: ``Model.threads_note`` says why it was not applied), or no cap
+    if it chose every core or predates the choice; then the kernels use their block_dim and
+    torch its current setting. On a shared host, cap each of K models
     served side by side at cores // K (:mod:`.threads`).
     """
     threads = check_threads(threads)

@@ -128,7 +128,9 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     server.register_signal_handler()
     logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), %s, body limit %d bytes, "
                 "header/body timeouts %g/%g s, concurrency limit %d); %s", bundle, model.name, options.host,
-                options.port, options.workers, f"at most {threads} thread(s) each" if threads else "no thread cap",
+                options.port, options.workers,
+                f"at most {model.threads} thread(s) each" if model.threads else
+                "no thread cap" + (f" ({model.threads_note})" if model.threads_note else ""),
                 limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s, options.limit_concurrency,
                 WAIT_POLICY.describe())
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import BundleError
 from .extract import open_bundle
+from .host import host_cpu_model, usable_cores
 from .manifest import IOSpec, Manifest
 from .verify import read_manifest, verify_bundle
 
@@ -50,6 +51,9 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
                  f"topn {m.topn}")
     if m.call_threads is not None:
         lines.append(f"threads  {m.call_threads.describe()}")
+        why = m.call_threads.mismatch(usable_cores(), host_cpu_model(), m.cores) if m.call_threads.cap else None
+        if why is not None:
+            lines.append(f"         not applied on this host: {why}")
     lines.append("inputs")
     lines += [f"  {_spec(s)}" for s in m.inputs]
     lines.append("outputs")
@@ -234,7 +238,8 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
                          for s, t in zip(model.input_specs, inputs)),
              (f"threads: cap {model.threads}{'' if threads else ' (tuned at build: manifest call_threads)'} "
               "(fused kernels and torch's intra-op threads during calls); " if model.threads else
-              f"threads: no cap (fused kernels: their block_dim; torch intra-op: {torch.get_num_threads()}); ")
+              f"threads: no cap (fused kernels: their block_dim; torch intra-op: {torch.get_num_threads()}"
+              + (f"; {model.threads_note}, --threads N caps" if model.threads_note else "") + "); ")
              + WAIT_POLICY.describe()]
     outputs = []
     for i, t in enumerate(flat):
