@@ -37,6 +37,8 @@ RECORD_VERSION = 2
 MARGIN = 0.05
 """A cap below every core must be this much faster than no cap (noise must not cap a model)."""
 ROUNDS = 5
+SETTLED_ROUNDS = 3
+"""Rounds after which timing stops early when they all agree by a wide margin (:func:`settled`)."""
 LEAD_IN_S = 0.03
 SAMPLE_S = 0.03
 
@@ -58,6 +60,23 @@ def choose(medians: dict[int, float], cores: int, margin: float = MARGIN) -> int
     return best
 
 
+def settled(per_round: dict[int, list[float]], margin: float = MARGIN) -> bool:
+    """True when every round so far (at least :data:`SETTLED_ROUNDS`) had the same fastest cap,
+    ahead of every other by more than twice ``margin``: more rounds could not change the choice
+    (a model whose calls take 100 ms then spends 3 rounds timing, not 5)."""
+    rounds = min(len(v) for v in per_round.values())
+    if rounds < SETTLED_ROUNDS or len(per_round) < 2:
+        return False
+    leaders = set()
+    for r in range(rounds):
+        times = sorted((v[r], c) for c, v in per_round.items())
+        (best, cap), (second, _) = times[0], times[1]
+        if best >= second * (1.0 - 2 * margin):
+            return False
+        leaders.add(cap)
+    return len(leaders) == 1
+
+
 def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> float:
     """Median µs of the calls of one sample, after a lead-in of untimed calls."""
 
@@ -76,8 +95,9 @@ def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> float:
 
 
 def measure(bundle: Path, inputs: tuple, cores: int, rounds: int = ROUNDS) -> CallThreads:
-    """Load ``bundle`` once per candidate cap and time the calls on ``inputs`` in ``rounds``
-    interleaved rounds (order rotated); the record holds the median of the round medians."""
+    """Load ``bundle`` once per candidate cap and time the calls on ``inputs`` in up to ``rounds``
+    interleaved rounds (order rotated; fewer once they are :func:`settled`); the record holds the
+    median of the round medians."""
     import ascendc_pack_runtime as rt
 
     caps = candidate_caps(cores)
@@ -91,6 +111,8 @@ def measure(bundle: Path, inputs: tuple, cores: int, rounds: int = ROUNDS) -> Ca
             for r in range(rounds):
                 for c in caps[r % len(caps):] + caps[:r % len(caps)]:
                     per_round[c].append(_time_round(models[c], args[c], restore))
+                if settled(per_round):
+                    break
     finally:
         for m in models.values():
             m.close()
@@ -113,4 +135,4 @@ def tune_call_threads(bundle: Path, inputs: tuple, cores: int, cache_dir: Path, 
     return record
 
 
-__all__ = ["CACHE_SUBDIR", "MARGIN", "candidate_caps", "choose", "measure", "tune_call_threads"]
+__all__ = ["CACHE_SUBDIR", "MARGIN", "candidate_caps", "choose", "settled", "measure", "tune_call_threads"]

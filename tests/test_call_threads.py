@@ -48,6 +48,17 @@ def test_a_cap_is_chosen_only_when_clearly_faster(medians, cap):
     assert ct.choose(medians, max(medians)) == cap
 
 
+@pytest.mark.parametrize("per_round, done", [
+    ({2: [50.0, 52.0, 51.0], 1: [100.0, 98.0, 99.0]}, True),   # 3 rounds, one winner by ~2x: stop
+    ({2: [50.0, 52.0], 1: [100.0, 98.0]}, False),             # too few rounds
+    ({2: [50.0, 52.0, 95.0], 1: [100.0, 98.0, 99.0]}, False), # one round within 2x the margin
+    ({2: [50.0, 120.0, 51.0], 1: [100.0, 98.0, 99.0]}, False),# the rounds disagree on the winner
+    ({2: [50.0, 52.0, 51.0], 1: [100.0, 98.0]}, False),      # only rounds every cap finished count
+    ({8: [90.0] * 3, 4: [60.0] * 3, 1: [70.0] * 3}, True)])
+def test_timing_stops_early_only_when_every_round_agrees_by_a_wide_margin(per_round, done):
+    assert ct.settled(per_round) is done
+
+
 def test_the_record_round_trips_and_bad_records_name_the_field():
     rec = CallThreads(1, ((2, 3340.5), (1, 1580.25)))
     assert CallThreads.from_json(json.loads(json.dumps(rec.to_json()))) == rec
