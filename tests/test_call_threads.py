@@ -175,7 +175,7 @@ def test_a_cap_tuned_on_another_host_is_not_applied_and_every_tool_says_why(tmp_
     assert status == 0
     assert any(line.startswith("threads: no cap") and f"tuned on a {other}-core host" in line
                and "--threads N caps" in line for line in lines), lines
-    assert f"not applied on this host: tuned on a {other}-core host" in inspect_bundle(elsewhere)[0]
+    assert f"on this host: the build's cap of 1 not applied: tuned on a {other}-core host" in inspect_bundle(elsewhere)[0]
 
 
 def test_a_manifest_whose_cap_is_not_a_candidate_is_refused(tmp_path):

@@ -64,6 +64,19 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def tuned_cap_here(m: Manifest) -> tuple[int | None, str | None]:
+    """The build's thread cap (manifest ``call_threads``) if it carries over to this host
+    (:meth:`~ascendc_pack_runtime.manifest.CallThreads.mismatch`), and why not otherwise:
+    ``(cap, None)``, or ``(None, reason)``; ``(None, None)`` where the build recorded no cap."""
+    rec = m.call_threads
+    if rec is None or rec.cap is None:
+        return None, None
+    why = rec.mismatch(usable_cores(), host_cpu_model(), m.cores)
+    if why is not None:
+        return None, f"the build's cap of {rec.cap} not applied: {why}"
+    return rec.cap, None
+
+
 def normalize_arch(arch: str) -> str:
     """``AMD64``/``x64`` -> ``x86_64``, ``arm64`` -> ``aarch64``, else lower case."""
     return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(arch.lower(), arch.lower())
@@ -130,4 +143,4 @@ def check_host(m: Manifest, *, cpu_flags: frozenset[str] | set[str] | None = Non
         raise problems[0]
 
 
-__all__ = ["parse_cpu_flags", "host_cpu_flags", "parse_cpu_model", "host_cpu_model", "usable_cores", "normalize_arch", "host_problems", "check_host"]
+__all__ = ["parse_cpu_flags", "host_cpu_flags", "parse_cpu_model", "host_cpu_model", "usable_cores", "tuned_cap_here", "normalize_arch", "host_problems", "check_host"]

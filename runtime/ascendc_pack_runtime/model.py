@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from .constants import GRAPH_ABI_VERSION, MANIFEST_NAME, REBUILD
 from .errors import CacheIOError, GraphLoadError, KernelMismatchError, TamperedExtractionError
 from .extract import Extracted, check_libraries, open_bundle
-from .host import host_cpu_model, usable_cores
+from .host import tuned_cap_here
 from .manifest import IOSpec, Manifest
 from .outputs import OutputBuilder
 from .tensor_meta import DTYPES, same_layout
@@ -122,7 +122,7 @@ class Model:
     def __init__(self, extracted: Extracted, threads: int | None = None):
         m = extracted.contract if extracted.contract is not None else Manifest.from_json(extracted.manifest)
         # the caller's cap, else the one PGO chose for the bundle's calls on a host like this one
-        tuned, self.threads_note = _tuned_cap(m)
+        tuned, self.threads_note = tuned_cap_here(m)
         self.threads = check_threads(threads) if threads is not None else tuned
         self.contract = m
         self.manifest = extracted.manifest
@@ -299,18 +299,6 @@ def _graph_ops(directory: Path, m: Manifest):
         raise KernelMismatchError(f"{lib.name} speaks graph ABI {sig.get('graph_abi')}, this runtime "
                                   f"{GRAPH_ABI_VERSION}; rebuild the bundle", member=g.library, fix=REBUILD)
     return ops
-
-
-def _tuned_cap(m: Manifest) -> tuple[int | None, str | None]:
-    """The build's thread cap (manifest ``call_threads``) if it carries over to this host, and
-    why not otherwise: ``(cap, None)`` or ``(None, reason)``; ``(None, None)`` without a cap."""
-    rec = m.call_threads
-    if rec is None or rec.cap is None:
-        return None, None
-    why = rec.mismatch(usable_cores(), host_cpu_model(), m.cores)
-    if why is not None:
-        return None, f"the build's cap of {rec.cap} not applied: {why}"
-    return rec.cap, None
 
 
 def _cap_kernel_threads(ops, handle: int, threads: int, name: str) -> None:

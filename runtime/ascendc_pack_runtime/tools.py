@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import BundleError
 from .extract import open_bundle
-from .host import host_cpu_model, usable_cores
+from .host import tuned_cap_here
 from .manifest import IOSpec, Manifest
 from .verify import read_manifest, verify_bundle
 
@@ -51,9 +51,9 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
                  f"topn {m.topn}")
     if m.call_threads is not None:
         lines.append(f"threads  {m.call_threads.describe()}")
-        why = m.call_threads.mismatch(usable_cores(), host_cpu_model(), m.cores) if m.call_threads.cap else None
-        if why is not None:
-            lines.append(f"         not applied on this host: {why}")
+        _, note = tuned_cap_here(m)
+        if note is not None:
+            lines.append(f"         on this host: {note}")
     lines.append("inputs")
     lines += [f"  {_spec(s)}" for s in m.inputs]
     lines.append("outputs")
