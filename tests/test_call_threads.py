@@ -15,7 +15,7 @@ from ascendc_pack.config import host_cores
 from ascendc_pack.pipeline import build
 from ascendc_pack_runtime.archive import read_head
 from ascendc_pack_runtime.errors import ManifestFieldError
-from ascendc_pack_runtime.host import host_cpu_model, usable_cores
+from ascendc_pack_runtime.host import host_cpu_model, parse_cpu_model, usable_cores
 from ascendc_pack_runtime.manifest import CallThreads, Manifest
 from ascendc_pack_runtime.tools import inspect_bundle, run_bundle
 from .bundle_fixtures import repack
@@ -69,6 +69,13 @@ def test_the_record_round_trips_and_bad_records_name_the_field():
         CallThreads.from_json({"cap": 0, "candidates": []})
     with pytest.raises(ManifestFieldError, match=r"call_threads.candidates\[0\].median_us"):
         CallThreads.from_json({"cap": None, "candidates": [{"threads": 1, "median_us": -1}]})
+
+
+def test_the_cpu_model_is_read_from_cpuinfo_text():
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t: fpu\n" * 2
+    assert parse_cpu_model(text) == "AMD EPYC 7B13"
+    assert parse_cpu_model("processor\t: 0\nmodel name\t:\nflags\t: fpu\n") is None
+    assert parse_cpu_model("") is None
 
 
 def test_the_record_names_its_host_and_a_cap_carries_over_only_to_a_host_like_it():

@@ -143,4 +143,5 @@ def check_host(m: Manifest, *, cpu_flags: frozenset[str] | set[str] | None = Non
         raise problems[0]
 
 
-__all__ = ["parse_cpu_flags", "host_cpu_flags", "parse_cpu_model", "host_cpu_model", "usable_cores", "tuned_cap_here", "normalize_arch", "host_problems", "check_host"]
+__all__ = ["parse_cpu_flags", "host_cpu_flags", "parse_cpu_model", "host_cpu_model", "usable_cores",
+           "tuned_cap_here", "normalize_arch", "host_problems", "check_host"]
