@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,8 @@
 #include "ascendc_pack/gemm_abi.h"
 #include "ascendc_pack/graph_program.h"
 #include "ascendc_pack/kernel_abi.h"
+#include "ascendc_pack/kernel_pool.h"
+#include "ascendc_pack/task_pool.h"
 
 namespace ap_interp {
 namespace {
@@ -155,8 +158,20 @@ bool truthy(const at::Tensor& t) {
 struct Kernel {
   void* handle = nullptr;
   int (*launch)(void* const*, void* const*, void*, int32_t) = nullptr;
+  // the same kernel on the graph's task pool (kernel_pool.h); null: the library runs OpenMP only
+  int (*launch_pool)(void* const*, void* const*, void*, int32_t, const ap_pool*) = nullptr;
   const ap_kernel_spec* spec = nullptr;
 };
+
+// The task pool kernels run on, or null when ASCENDC_PACK_TASK_POOL=0 (every kernel then runs
+// its OpenMP loop, as in the build's Python timing; docs/DESIGN.md §4.8).
+const ap_pool* kernel_pool() {
+  static const ap_pool* pool = [] {
+    const char* env = std::getenv("ASCENDC_PACK_TASK_POOL");
+    return env && std::strcmp(env, "0") == 0 ? nullptr : ::ascendc_pack::TaskPool::instance().abi();
+  }();
+  return pool;
+}
 
 Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
   std::string path = root + "/" + spec.file;
@@ -171,6 +186,8 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
   auto describe = reinterpret_cast<const ap_kernel_info* (*)()>(dlsym(k.handle, "ap_kernel_describe"));
   k.launch = reinterpret_cast<int (*)(void* const*, void* const*, void*, int32_t)>(
       dlsym(k.handle, "ap_kernel_launch"));
+  k.launch_pool = reinterpret_cast<int (*)(void* const*, void* const*, void*, int32_t, const ap_pool*)>(
+      dlsym(k.handle, "ap_kernel_launch_pool"));
   std::string where = std::string("kernel library ") + spec.file;
   if (!describe || !k.launch) {
     dlclose(k.handle);
@@ -203,7 +220,8 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
 }
 
 inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws, int32_t max_threads) {
-  int rc = k.launch(ins, outs, ws, max_threads);
+  const ap_pool* pool = k.launch_pool ? kernel_pool() : nullptr;
+  int rc = pool ? k.launch_pool(ins, outs, ws, max_threads, pool) : k.launch(ins, outs, ws, max_threads);
   if (rc != 0)
     fail(std::string("fused kernel ") + k.spec->name + " (kernel_key " + k.spec->kernel_key +
          ") failed with status " + std::to_string(rc));

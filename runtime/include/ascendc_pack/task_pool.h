@@ -1,0 +1,148 @@
+// ascendc_pack/task_pool.h - the graph's task pool for kernel launches (kernel_pool.h).
+//
+// One pool per graph library, started on the first job that wants more than one thread. A job
+// is `ntasks` tasks; the caller publishes it, wakes the sleeping workers and starts on the tasks
+// at once. Tasks are claimed one at a time from a counter that carries the job's generation, so
+// a worker that wakes after the job is over claims nothing (and never touches a later job with
+// an earlier job's function). The caller returns when every task has run: it waits only for
+// tasks a worker has claimed, never for a worker to wake up (the OpenMP barrier does: ~50 us per
+// region on an idle VM, bench/omp_wakeup.py) or to be scheduled again on a busy host.
+//
+// Workers sleep on a condition variable between jobs (no spinning: on a busy host a spinning
+// thread takes the core from the work that would wake it). One job at a time: a second caller
+// that finds the pool busy (another thread's graph call) runs its tasks on its own thread. After
+// fork() the child has no workers: jobs run on the calling thread.
+#ifndef ASCENDC_PACK_TASK_POOL_H_
+#define ASCENDC_PACK_TASK_POOL_H_
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include "ascendc_pack/kernel_pool.h"
+
+namespace ascendc_pack {
+
+class TaskPool {
+ public:
+  static constexpr int kMaxWorkers = 256;
+
+  TaskPool() : pid_(getpid()) {
+    abi_.abi_version = AP_POOL_ABI_VERSION;
+    abi_.run = &TaskPool::run_abi;
+    abi_.self = this;
+  }
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
+
+  const ap_pool* abi() const { return &abi_; }
+
+  // Never destroyed: its detached workers sleep in it until the process exits.
+  static TaskPool& instance() {
+    static TaskPool* pool = new TaskPool();
+    return *pool;
+  }
+
+  void run(int64_t ntasks, int32_t threads, ap_task_fn fn, void* ctx) {
+    if (threads > kMaxWorkers) threads = kMaxWorkers;
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (threads <= 1 || ntasks <= 1 || ntasks >= (int64_t(1) << 31) || !busy.owns_lock() || getpid() != pid_) {
+      for (int64_t t = 0; t < ntasks; ++t) fn(ctx, t, 0);
+      return;
+    }
+    start_workers(threads - 1);
+    uint32_t gen;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      gen = ++gen_;
+      fn_ = fn;
+      ctx_ = ctx;
+      ntasks_ = ntasks;
+      threads_ = threads;
+      done_.store(0, std::memory_order_relaxed);
+      next_.store(uint64_t(gen) << 32, std::memory_order_release);
+    }
+    cv_.notify_all();
+    work(gen, 0, fn, ctx, ntasks);
+    // every task is claimed: wait for the ones still running on a worker
+    for (int spins = 0; done_.load(std::memory_order_acquire) < ntasks; ++spins) {
+      if (spins < 2000) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        sched_yield();  // a worker holding a task was descheduled: let it run
+      }
+    }
+  }
+
+ private:
+  struct Abi : ap_pool {
+    TaskPool* self;
+  };
+
+  static void run_abi(const ap_pool* p, int64_t ntasks, int32_t threads, ap_task_fn fn, void* ctx) {
+    static_cast<const Abi*>(p)->self->run(ntasks, threads, fn, ctx);
+  }
+
+  // Claim and run tasks of job `gen` until none is left.
+  void work(uint32_t gen, int32_t worker, ap_task_fn fn, void* ctx, int64_t ntasks) {
+    uint64_t v = next_.load(std::memory_order_acquire);
+    for (;;) {
+      if (uint32_t(v >> 32) != gen || int64_t(v & 0xffffffffu) >= ntasks) return;
+      if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      fn(ctx, int64_t(v & 0xffffffffu), worker);
+      done_.fetch_add(1, std::memory_order_release);
+      v = next_.load(std::memory_order_acquire);
+    }
+  }
+
+  void start_workers(int want) {
+    while (started_ < want) {
+      int index = ++started_;  // workers are 1..; the caller is 0
+      std::thread([this, index] { loop(index); }).detach();
+    }
+  }
+
+  void loop(int32_t index) {
+    uint32_t seen = 0;
+    for (;;) {
+      ap_task_fn fn;
+      void* ctx;
+      int64_t ntasks;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return gen_ != seen; });
+        seen = gen_;
+        if (index >= threads_) continue;  // this job wants fewer threads
+        fn = fn_;
+        ctx = ctx_;
+        ntasks = ntasks_;
+      }
+      work(seen, index, fn, ctx, ntasks);
+    }
+  }
+
+  Abi abi_;
+  const pid_t pid_;
+  std::mutex run_mu_;  // one job at a time
+  int started_ = 0;    // workers started (under run_mu_)
+  std::mutex mu_;      // guards the job fields below and gen_
+  std::condition_variable cv_;
+  uint32_t gen_ = 0;
+  ap_task_fn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int64_t ntasks_ = 0;
+  int32_t threads_ = 0;
+  std::atomic<uint64_t> next_{0};  // (generation << 32) | next unclaimed task
+  std::atomic<int64_t> done_{0};   // tasks of the current job that have finished
+};
+
+}  // namespace ascendc_pack
+
+#endif  // ASCENDC_PACK_TASK_POOL_H_
