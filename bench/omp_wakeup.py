@@ -12,7 +12,10 @@ bound to the ``libgomp`` torch loads) times:
 * ``region``: a parallel region over ~1 µs of work, with ``--gap-us`` of other work on the calling
   thread before each one (the time between kernels), 2 threads minus 1 thread;
 * ``barrier``: ``#pragma omp barrier`` inside one region (what a ``split`` schedule pays per row),
-  per barrier.
+  per barrier;
+* ``pool 2t``: the same ~1 µs of work as a 2-task job of the graph's task pool
+  (``runtime/include/ascendc_pack/task_pool.h``, what generated GEMM and convolution kernels run
+  on in a bundle): the caller never waits for the worker to wake up.
 
 Each policy runs in a fresh process (libgomp reads its environment once, when it is loaded);
 ``--contention`` repeats every policy with one more process spinning on a core. Rounds rotate the
@@ -45,6 +48,8 @@ SOURCE = r"""
 #include <omp.h>
 #include <stdint.h>
 #include <time.h>
+#include "ascendc_pack/task_pool.h"
+extern "C" {
 static double now_us(void) {
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
@@ -69,13 +74,28 @@ double barriers(int nt, int n) {
   } }
   return (now_us() - t0) / n;
 }
+static void half_us(void *, int64_t, int32_t) { work_us(0.5); }
+/* per call: gap, then one job of 2 tasks (~0.5 us each) on the task pool, nt threads */
+void pool_jobs(int nt, int calls, double gap_us, double *out) {
+  ascendc_pack::TaskPool &pool = ascendc_pack::TaskPool::instance();
+  for (int c = 0; c < calls; ++c) {
+    work_us(gap_us);
+    double t0 = now_us();
+    pool.run(2, nt, half_us, nullptr);
+    out[c] = now_us() - t0;
+  }
+}
+}
 """
 
 
 def _library(tmp: Path) -> ctypes.CDLL:
-    src, lib = tmp / "wake.c", tmp / "wake.so"
+    import ascendc_pack_runtime as rt
+
+    src, lib = tmp / "wake.cpp", tmp / "wake.so"
     src.write_text(SOURCE)
-    subprocess.run(["gcc", "-O2", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    subprocess.run(["g++", "-O2", "-std=c++17", "-fopenmp", "-shared", "-fPIC", f"-I{rt.include_dir()}", str(src),
+                    "-o", str(lib)], check=True)
     return ctypes.CDLL(str(lib))
 
 
@@ -96,6 +116,11 @@ def child(calls: int, gap_us: float) -> None:
             out[f"region_{nt}t"] = statistics.median(times)
             out[f"region_{nt}t_p90"] = times[int(0.9 * len(times))]
         out["barrier_2t"] = statistics.median(lib.barriers(2, 2000) for _ in range(5))
+        lib.pool_jobs.argtypes = lib.regions.argtypes
+        buf = (ctypes.c_double * calls)()
+        lib.pool_jobs(2, 20, gap_us, buf)  # start the worker
+        lib.pool_jobs(2, calls, gap_us, buf)
+        out["pool_2t"] = statistics.median(buf)
     print(json.dumps(out), flush=True)
 
 
@@ -138,11 +163,11 @@ def main(argv: list[str] | None = None) -> None:
                     spinner.kill()
                     spinner.wait()
     print(f"\nmedian over {args.rounds} rounds (µs; gap {args.gap_us:g} µs between regions); load {os.getloadavg()}")
-    print(f"{'policy':10} {'core':5} {'region 1t':>10} {'region 2t':>10} {'2t - 1t':>9} {'2t p90':>9} {'barrier':>9}")
+    print(f"{'policy':10} {'core':5} {'region 1t':>10} {'region 2t':>10} {'2t - 1t':>9} {'2t p90':>9} {'barrier':>9} {'pool 2t':>9}")
     for (pol, busy), rs in rows.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"{pol:10} {'busy' if busy else 'idle':5} {med['region_1t']:10.1f} {med['region_2t']:10.1f} "
-              f"{med['region_2t'] - med['region_1t']:9.1f} {med['region_2t_p90']:9.1f} {med['barrier_2t']:9.2f}")
+              f"{med['region_2t'] - med['region_1t']:9.1f} {med['region_2t_p90']:9.1f} {med['barrier_2t']:9.2f} {med['pool_2t']:9.1f}")
 
 
 if __name__ == "__main__":
