@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -95,8 +96,8 @@ def _member(path, name: str) -> bytes:
     return next(data for info, data in read_bundle(path) if info.name == name)
 
 
-def _fresh_process_matches(path, model, inputs, tmp_path):
-    """Load the bundle in a new Python process and compare with eager there."""
+def _fresh_process_matches(path, model, inputs, tmp_path, env=None):
+    """Load the bundle in a new Python process (``env``: more environment) and compare with eager there."""
     with torch.no_grad():
         expected = model(*inputs)
     data = tmp_path / "io.pt"
@@ -114,7 +115,7 @@ def _fresh_process_matches(path, model, inputs, tmp_path):
         print("ok")
     """)
     run = subprocess.run([sys.executable, "-c", script, str(path), str(data)], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, env={**os.environ, **(env or {})})
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
@@ -192,7 +193,10 @@ def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch
                k.candidates[k.chosen_index].kernel_key == k.kernel_key for k in gemms)
     source = _member(out, "graph.cpp").decode()
     assert ("AP_PACK_B" in source) == packed
+    # graph.so runs their tasks on its task pool (kernel_pool.h); ASCENDC_PACK_TASK_POOL=0: OpenMP
+    assert all(b"ap_kernel_launch_pool" in _member(out, k.file) for k in gemms)
     _fresh_process_matches(out, _model(), _inputs(), tmp_path)
+    _fresh_process_matches(out, _model(), _inputs(), tmp_path, env={"ASCENDC_PACK_TASK_POOL": "0"})
 
 
 def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
