@@ -75,6 +75,24 @@ def test_non_contiguous_inputs_and_mutation_write_back(built, cache):
     assert x_run.stride() == x_eager.stride()
 
 
+def test_inputs_off_the_fast_path_give_eager_results(built, cache):
+    """Grad-requiring and negative-view inputs leave the copy-free fast path
+    (``Model._fits``): the bundle still computes eager's values and builds no autograd graph."""
+    b = built["mlp"]
+    model = rt.load(b.bundle, cache_dir=cache)
+    (x,) = clone_inputs(b.loaded.example_inputs)
+    with torch.no_grad():
+        expected = b.loaded.module(x)
+        expected_neg = b.loaded.module(-x)
+    assert model._fits((x,)) and not model._fits((x.requires_grad_(),))
+    got = model(x)
+    assert not got.requires_grad and compare_outputs(expected, got, atol=1e-4, rtol=1e-4) is None
+    x = x.detach()
+    neg = torch._neg_view(x)  # the values of -x, stored as x with the negative bit set
+    assert neg.is_neg() and not model._fits((neg,))
+    assert compare_outputs(expected_neg, model(neg), atol=1e-4, rtol=1e-4) is None
+
+
 def test_outputs_are_fresh_per_call(built, cache):
     b = built["transformer_block"]
     model = rt.load(b.bundle, cache_dir=cache)

@@ -161,15 +161,20 @@ class Model:
         self._fast = [(sp.dtype, torch.Size(sp.shape), sp.stride) for sp in self.input_specs]
 
     # ------------------------------------------------------------------------------------
+    def _fits(self, inputs: tuple) -> bool:
+        """Every input exactly as the graph expects, none requiring grad: the call needs no copy,
+        no check here (the graph checks dtypes, shapes and strides again) and no autograd guard.
+        Part of every call: ~0.5 µs per input (``is_cpu``, not ``device.type``: 0.3 µs less)."""
+        if len(inputs) != len(self._fast):
+            return False
+        for t, (dtype, shape, stride) in zip(inputs, self._fast):
+            if (type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != shape
+                    or (stride is not None and t.stride() != stride) or not t.is_cpu or t.requires_grad
+                    or t.is_conj() or t.is_neg() or t.layout is not torch.strided):
+                return False
+        return True
+
     def _prepare(self, inputs: tuple) -> tuple[list, dict]:
-        if len(inputs) == len(self._fast):  # fast path: every input exactly as the graph expects
-            for t, (dtype, shape, stride) in zip(inputs, self._fast):
-                if (type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != shape
-                        or (stride is not None and t.stride() != stride) or t.device.type != "cpu"
-                        or t.is_conj() or t.is_neg() or t.layout is not torch.strided):
-                    break
-            else:
-                return list(inputs), {}
         specs = self.input_specs
         if len(inputs) != len(specs):
             names = ", ".join(s.name for s in specs)
@@ -201,21 +206,23 @@ class Model:
 
     def run_flat(self, *inputs) -> list[torch.Tensor]:
         """Call the graph and return its outputs flat (the order of ``output_specs``)."""
+        if self.threads is None:  # no cap: no context manager either (1.3 µs of a small call)
+            return self._run_flat(inputs)
         with intra_op_threads(self.threads):  # torch's intra-op threads on this thread, for this call
             return self._run_flat(inputs)
 
     def _run_flat(self, inputs: tuple) -> list[torch.Tensor]:
         if self._handle is None:
             raise RuntimeError(f"model {self.name!r} was closed")
-        prepared, copies = self._prepare(inputs)
-        if copies or any(t.requires_grad for t in prepared):
+        if self._fits(inputs):  # no copy, no autograd: skip the no_grad context too
+            flat = self._run(self._handle, list(inputs))
+        else:
+            prepared, copies = self._prepare(inputs)
             with torch.no_grad():
                 flat = list(self._run(self._handle, prepared))
                 for i in self._mutated:
                     if i in copies:
                         copies[i].copy_(prepared[i])
-        else:  # no autograd involved: skip the no_grad context (a measurable part of a small call)
-            flat = list(self._run(self._handle, prepared))
         for out_i, in_i in self._aliases.items():
             flat[out_i] = inputs[in_i]
         return flat
