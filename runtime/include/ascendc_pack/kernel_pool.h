@@ -63,6 +63,20 @@ static inline void ap_run_tasks(const ap_pool *pool, int64_t ntasks, int nt, F &
 #endif
   }
 }
+
+// Defines both entry points of a kernel from its
+//   int launch(void *const *inputs, void *const *outputs, void *workspace, int32_t max_threads,
+//              const ap_pool *pool)
+// (pool null: OpenMP).
+#define AP_KERNEL_ENTRY_POINTS(launch)                                                              \
+  extern "C" int ap_kernel_launch(void *const *inputs, void *const *outputs, void *workspace,       \
+                                  int32_t max_threads) {                                            \
+    return launch(inputs, outputs, workspace, max_threads, nullptr);                                \
+  }                                                                                                 \
+  extern "C" int ap_kernel_launch_pool(void *const *inputs, void *const *outputs, void *workspace,  \
+                                       int32_t max_threads, const ap_pool *pool) {                  \
+    return launch(inputs, outputs, workspace, max_threads, pool);                                   \
+  }
 #endif
 
 #endif  // ASCENDC_PACK_KERNEL_POOL_H
