@@ -15,8 +15,8 @@
 #ifndef ASCENDC_PACK_TASK_POOL_H_
 #define ASCENDC_PACK_TASK_POOL_H_
 
+#include <pthread.h>
 #include <sched.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -32,10 +32,11 @@ class TaskPool {
  public:
   static constexpr int kMaxWorkers = 256;
 
-  TaskPool() : pid_(getpid()) {
+  TaskPool() {
     abi_.abi_version = AP_POOL_ABI_VERSION;
     abi_.run = &TaskPool::run_abi;
     abi_.self = this;
+    pthread_atfork(nullptr, nullptr, [] { forked_child().store(true, std::memory_order_relaxed); });
   }
   TaskPool(const TaskPool&) = delete;
   TaskPool& operator=(const TaskPool&) = delete;
@@ -50,8 +51,9 @@ class TaskPool {
 
   void run(int64_t ntasks, int32_t threads, ap_task_fn fn, void* ctx) {
     if (threads > kMaxWorkers) threads = kMaxWorkers;
-    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
-    if (threads <= 1 || ntasks <= 1 || ntasks >= (int64_t(1) << 31) || !busy.owns_lock() || getpid() != pid_) {
+    std::unique_lock<std::mutex> busy(run_mu_, std::defer_lock);
+    if (threads <= 1 || ntasks <= 1 || ntasks >= (int64_t(1) << 31) ||
+        forked_child().load(std::memory_order_relaxed) || !busy.try_lock()) {
       for (int64_t t = 0; t < ntasks; ++t) fn(ctx, t, 0);
       return;
     }
@@ -82,6 +84,12 @@ class TaskPool {
   }
 
  private:
+  // set in a child process after fork(): the workers stayed in the parent
+  static std::atomic<bool>& forked_child() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+
   struct Abi : ap_pool {
     TaskPool* self;
   };
@@ -129,7 +137,6 @@ class TaskPool {
   }
 
   Abi abi_;
-  const pid_t pid_;
   std::mutex run_mu_;  // one job at a time
   int started_ = 0;    // workers started (under run_mu_)
   std::mutex mu_;      // guards the job fields below and gen_
