@@ -26,7 +26,7 @@ from .graph_ir import (Action, Arg, AtenAction, BoxedOp, Buf, BufRole, CallMode,
                        FusedAction, GraphPlan, KernelRef, Mutation, PackAction, RelayoutAction, UserOutput, Val,
                        ValKind)
 from .graph_memory import lifetimes, place
-from .graph_tactic import plan_conv_kernel, plan_gemm, plan_tactic
+from .graph_tactic import plan_attention_kernel, plan_conv_kernel, plan_gemm, plan_tactic
 from .program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
 
 
@@ -237,7 +237,8 @@ class _Planner:
         if step.chosen is None:
             return [self.aten(s, env, program, scope) for s in step.steps]
         self.counts["tactic"] += 1
-        plan = plan_gemm if "gemm" in step.chosen else plan_conv_kernel if "kernel" in step.chosen else plan_tactic
+        plan = plan_gemm if "gemm" in step.chosen else plan_attention_kernel if "attention" in step.chosen \
+            else plan_conv_kernel if "kernel" in step.chosen else plan_tactic
         return plan(self, step, env, program, scope)
 
     def aten_load(self, step: AtenStep, env: dict, program, scope: str) -> AtenAction:

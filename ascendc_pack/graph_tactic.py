@@ -2,7 +2,8 @@
 
 A dispatcher tactic becomes ATen-style steps the planner renders as boxed calls
 (:func:`tactic_plan`, :func:`plan_tactic`); a generated GEMM becomes a kernel launch with its B
-packed at load (:func:`plan_gemm`), a generated convolution kernel a launch too (:func:`plan_conv_kernel`).
+packed at load (:func:`plan_gemm`), a generated convolution or attention kernel a launch too
+(:func:`plan_conv_kernel`, :func:`plan_attention_kernel`).
 
 A tactic (:class:`ascendc_pack.tactics.Tactic`) is data: dispatcher calls by qualified name. The
 planner (:mod:`ascendc_pack.graph_plan`) renders each as a boxed call like any ATen step:
@@ -24,6 +25,7 @@ import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
+from .attnkernel import AttnSpec
 from .executor import resolve_op
 from .graph_aten import RenderError
 from .graph_ir import BufRole, FusedAction, PackAction, Val, ValKind
@@ -253,6 +255,42 @@ def plan_conv_kernel(planner, step: TacticStep, env: dict, program, scope: str) 
     return actions
 
 
+def plan_attention_kernel(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered attention step run by its generated kernel (``tactic_attnkernel``): ``q``, ``k``,
+    ``v`` read in the layouts the kernel was generated for (as they arrive, else one relayouted
+    copy), a mask as its contiguous 4-D self, the output written into a planned buffer as
+    ``[B, L, H, Ev]`` memory."""
+    g, out = step.chosen, step.outputs[0]
+    name, spec = g["kernel"], g["attention"]
+    ref = planner.kernels.get(name)
+    if ref is None:
+        raise RenderError(f"no library for kernel {name} of tactic step {step.name}")
+    if name not in planner.kernel_order:
+        planner.kernel_order.append(name)
+    index, actions, view = planner.kernel_order.index(name), [], _Values(program.values)
+    a = AttnSpec.from_json(spec)
+    ins = []
+    for t, (shape, strides, dtype) in a.input_layouts().items():
+        src = step.bind[t]
+        if env[src].shape != shape:
+            actions.extend(reshape(planner, env, view, src, shape, f"{out}#{t}", scope))
+            src = f"{out}#{t}"
+        ins.append(planner.kernel_input(name, t, env[src], (shape, strides, dtype), actions))
+    if ref.n_inputs != len(ins) or ref.n_outputs != 1:
+        raise RenderError(f"kernel {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")
+    y = planner.new_buf(f"{scope}{out} ({name})", a.out_shape, a.out_strides, "float32")
+    ws = planner.new_buf(f"workspace of {name}", (ref.workspace,), (1,), "uint8", BufRole.WORKSPACE) \
+        if ref.workspace > 0 else None
+    actions.append(FusedAction(f"{scope}{out} = {name}", index, tuple(ins), (y,), ws))
+    planner.counts["fused"] += 1
+    shape = tuple(program.values[out].shape)
+    target = out if shape == a.out_shape else f"{out}#o"
+    env[target] = planner.buf_val(y, f"{scope}{out}")
+    if target != out:
+        actions.extend(reshape(planner, env, view, target, shape, out, scope))
+    return actions
+
+
 def _cl_strides(shape: tuple) -> tuple:
     return tuple(torch.empty(shape, device="meta").contiguous(memory_format=torch.channels_last).stride())
 
@@ -267,4 +305,5 @@ def _arg(a, names: dict):
     return a
 
 
-__all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm", "plan_conv_kernel"]
+__all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm", "plan_conv_kernel",
+           "plan_attention_kernel"]

@@ -30,6 +30,7 @@ from .executor import run_reference_tactic
 from .fold import is_foldable
 from .graph_aten import meta_layouts
 from .program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
+from .tactic_attnkernel import AttnKernelTactic, lowered_attention_runner
 from .tactic_convkernel import ConvKernelTactic, lowered_conv_kernel_runner
 from .tactic_gemm import ConvGemmTactic, GemmTactic, lowered_gemm_runner
 from .tactic_pass import Constants, WeightSink, rewrite_cond
@@ -122,6 +123,8 @@ class _Lowerer:
             shapes = {n: v for n, v in s.shapes.items() if n not in T.WEIGHTS}
             shapes["weight"] = tuple(made["weight"].shape)
             return dataclasses.replace(s, bind=bind, shapes=shapes, chosen=tactic.lowered(), values=dict(recorded))
+        if isinstance(tactic, AttnKernelTactic):  # reads the step's activations as bound
+            return dataclasses.replace(s, chosen=tactic.lowered(), values=dict(recorded))
         if isinstance(tactic, GemmTactic):  # B (packed at load) and the bias are the weights as bound
             bind = {n: (stored(n, None) if n in T.WEIGHTS else v) for n, v in s.bind.items()}
             return dataclasses.replace(s, bind=bind, chosen=tactic.lowered(), values=dict(recorded))
@@ -289,9 +292,10 @@ class LoweredRunner:
         named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
         ready = self._ready.get(id(step))
         shape = self.shapes[id(step)]
-        if "kernel" in step.chosen:  # a generated GEMM or convolution kernel
+        if "kernel" in step.chosen:  # a generated GEMM, convolution or attention kernel
             if ready is None:
-                make = lowered_gemm_runner if "gemm" in step.chosen else lowered_conv_kernel_runner
+                make = lowered_gemm_runner if "gemm" in step.chosen else \
+                    lowered_attention_runner if "attention" in step.chosen else lowered_conv_kernel_runner
                 ready = self._ready[id(step)] = (make(step.chosen, named),)
             out = ready[0](named)
             return out if tuple(out.shape) == shape else out.reshape(shape)

@@ -7,6 +7,7 @@ from ascendc_pack_runtime import manifest as contract
 
 from .candidate import Candidate
 from .program import Program
+from .tactic_attnkernel import AttnKernelTactic
 from .tactic_convkernel import ConvKernelTactic
 from .tactic_gemm import GemmTactic
 
@@ -62,7 +63,7 @@ def tuning_tactics(choices: dict, sanitize) -> list[dict]:
 
 
 def kernel_libraries(program: Program, choices: dict) -> dict[str, dict]:
-    """Every generated kernel (GEMM or convolution) a lowered tactic step launches, by kernel
+    """Every generated kernel (GEMM, convolution, attention) a lowered tactic step launches, by kernel
     name: its chosen ``candidate``, ``so_path`` (build cache), ``n_inputs``, ``visited``,
     ``chosen_index`` and ``candidates`` among the kernel's own tilings (``manifest.kernels``
     entries), and ``uses``."""
@@ -75,7 +76,7 @@ def kernel_libraries(program: Program, choices: dict) -> dict[str, dict]:
         if entry is None:
             ch = choices[ts.name]
             own = [(i, t) for i, t in enumerate(ch.candidates)
-                   if isinstance(t, (GemmTactic, ConvKernelTactic)) and t.spec.name == g["kernel"]]
+                   if isinstance(t, (GemmTactic, ConvKernelTactic, AttnKernelTactic)) and t.spec.name == g["kernel"]]
             chosen = next(t for _, t in own if t.candidate.kernel_key == g["kernel_key"])
             cands = tuple(contract.Candidate(j, t.candidate.kernel_key, t.candidate.tiling_repr, t.candidate.workspace,
                                              t.candidate.block_dim, ch.results[i].median_us,

@@ -48,6 +48,7 @@ from .choice import MeasurementQuality, rel_spread
 from .config import BuildConfig, host_cores
 from .executor import run_aten, run_model, run_program, run_reference_tactic
 from .program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
+from .tactic_attnkernel import AttnKernelRunner, AttnKernelTactic, compile_attention_plans, plan_attention_kernels
 from .tactic_convkernel import ConvKernelRunner, ConvKernelTactic, compile_conv_kernel_plans, plan_conv_kernels
 from .tactic_gemm import GemmRunner, GemmTactic, compile_gemm_plans, plan_gemms
 from .tactic_pass import candidates_for, in_layout_chain
@@ -180,6 +181,10 @@ class TacticTuner:
         self._gemms = plan_gemms([s for s in tuned if s.tactic_kind in ("linear", "conv")],
                                  {s.name: self.programs[id(s)].values for s in tuned}, config) if gemm else {}
         self._conv_kernels = plan_conv_kernels(tuned, config) if gemm else {}
+        attention = [s for s in firsts.values() if config.topn > 1 and s.tactic_kind == "attention"]
+        self._attention = plan_attention_kernels(attention, {s.name: self.programs[id(s)].values for s in attention},
+                                                 config) if gemm else {}
+        tuned += [s for s in attention if s.name in self._attention and s not in tuned]
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
                            for s in tuned if compile_epilogue} if tuned else {}
         self._kernels: dict = {}
@@ -191,6 +196,7 @@ class TacticTuner:
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         return sum(len(p.build.candidates) for p in self._gemms.values()) + \
             sum(len(b.candidates) for builds in self._conv_kernels.values() for _, b in builds) + \
+            sum(len(b.candidates) for b in self._attention.values()) + \
             total_candidates(epi, dataclasses.replace(self.config, topn=1))
 
     def compile(self, progress=None) -> None:
@@ -205,6 +211,8 @@ class TacticTuner:
             self.choices[name].candidates += cands
         affine = {n: bool(self.choices[n].desc["epilogue"]["affine"]) for n in self._conv_kernels}
         for name, cands in compile_conv_kernel_plans(self._conv_kernels, affine, self.config, progress).items():
+            self.choices[name].candidates += cands
+        for name, cands in compile_attention_plans(self._attention, self.config, progress).items():
             self.choices[name].candidates += cands
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         backend = get_backend(self.config.backend)
@@ -304,7 +312,7 @@ class TacticTuner:
     def _verify(self, ch: TacticChoice, i: int, tactic, step: TacticStep, named: dict,
                 expected: torch.Tensor, ref64):
         """Run candidate ``i`` once and compare it with the reference; returns its timed runner."""
-        if isinstance(tactic, (GemmTactic, ConvKernelTactic)):
+        if isinstance(tactic, (GemmTactic, ConvKernelTactic, AttnKernelTactic)):
             return self._verify_kernel(ch, i, tactic, step, named, expected, ref64)
         weights, acts = T.split(named)
         acts = _arrival(tactic, step.desc, acts)
@@ -332,7 +340,8 @@ class TacticTuner:
         """A generated kernel's candidate: verified in the kernel sandbox (it could crash)."""
         from .backend import get_backend
 
-        runner_class = GemmRunner if isinstance(tactic, GemmTactic) else ConvKernelRunner
+        runner_class = GemmRunner if isinstance(tactic, GemmTactic) else \
+            AttnKernelRunner if isinstance(tactic, AttnKernelTactic) else ConvKernelRunner
         runner = runner_class(tactic, _arrival(tactic, step.desc, named))
         if self._sandbox is None:
             self._sandbox = get_backend(self.config.backend).sandbox()
