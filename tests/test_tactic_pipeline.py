@@ -137,7 +137,7 @@ def test_every_kind_builds_tunes_and_matches_eager_in_a_fresh_process(tmp_path, 
     assert "tactics  " in text and "aten ops " in text
 
 
-PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"), ("onednn_cl",)]
+PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"), ("onednn_cl", "kernel#0")]
 
 
 @pytest.mark.parametrize("prefer", PREFERENCES, ids=["-".join(p) for p in PREFERENCES])
@@ -163,6 +163,11 @@ def test_every_candidate_renders_in_the_graph(tmp_path, cache, monkeypatch, pref
     source = _member(out, "graph.cpp").decode()
     if "onednn" in prefer:
         assert "(at load)" in source and "mkldnn::_reorder" in source  # packed once, at load
+    if "kernel#0" in prefer:  # the generated attention kernel: launched from graph.cpp, a bundle member
+        m = rt.read_manifest(out)
+        attn = [k for k in m.kernels if k.name.startswith("attention_")]
+        assert attn and all(k.file in m.libraries() for k in attn) and "= attention_" in source
+        _fresh_process_matches(out, _model(), _inputs(), tmp_path)
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["B-packed-at-load", "B-as-held"])
