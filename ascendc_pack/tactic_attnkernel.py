@@ -130,16 +130,16 @@ def compile_attention_plans(plans: dict, config, progress=None) -> dict[str, lis
 class AttnKernelRunner:
     """One candidate on a step's named tensors: :meth:`verify` runs it in the kernel sandbox, and
     only then may it be called in-process. A call is what the graph runs: the copies of operands
-    that arrive in another layout than the kernel's, then the bound launch."""
+    that arrive in another layout than the kernel's, then the bound launch (on ``pool`` when given)."""
 
-    def __init__(self, t: AttnKernelTactic, named: dict):
+    def __init__(self, t: AttnKernelTactic, named: dict, pool: int | None = None):
         self.t = t
         self.kernel = AttnKernel(t.spec, t.so_path, t.key)
         self.ins = self.kernel.operands(named)
         self._copies = [(dst, named[n]) for n, dst in zip(("q", "k", "v", "mask"), self.ins)
                         if dst.data_ptr() != named[n].data_ptr()]
         self.out = self.kernel.new_output()
-        self._launch = self.kernel.lib.bind(self.ins, [self.out], self.kernel.workspace_buffer)
+        self._launch = self.kernel.lib.bind(self.ins, [self.out], self.kernel.workspace_buffer, pool=pool)
 
     def __call__(self) -> torch.Tensor:
         for dst, src in self._copies:

@@ -267,9 +267,10 @@ def in_layout(t: torch.Tensor, layout: str) -> bool:
 class ConvKernelRunner:
     """One candidate on a step's named tensors: weights folded and packed once; :meth:`verify`
     runs it in the kernel sandbox, and only then may it be called in-process. A call is what the
-    graph runs: the bound launch after the copy of an operand that arrives NCHW."""
+    graph runs: the bound launch (on ``pool`` when given) after the copy of an operand that
+    arrives NCHW."""
 
-    def __init__(self, t: ConvKernelTactic, named: dict):
+    def __init__(self, t: ConvKernelTactic, named: dict, pool: int | None = None):
         self.t = t
         self.kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
         w = t.kernel_weights(named)
@@ -282,7 +283,7 @@ class ConvKernelRunner:
             ins.append(x if same else self._stored(named["other"], t.residual_layout))
         self.ins = ins
         self.out = torch.empty(t.out_shape, memory_format=CL)
-        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer)
+        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer, pool=pool)
 
     def _stored(self, t: torch.Tensor, layout: str) -> torch.Tensor:
         """``t`` in ``layout`` (the kernel's): itself, or a copy refreshed before every call."""

@@ -237,10 +237,11 @@ def compile_gemm_plans(plans: dict[str, GemmPlan], config, progress=None) -> dic
 class GemmRunner:
     """One GEMM candidate on a step's named tensors: B prepared (packed) once; :meth:`verify`
     runs it in the kernel sandbox, and only then may it be called in-process. A call is what the
-    graph runs: the bound launch (no Python checks) after the copies of operands that arrive in
-    another layout than the kernel's rows (a view otherwise, free in the graph too)."""
+    graph runs: the bound launch (no Python checks; on ``pool``, the graph's task pool, when
+    given) after the copies of operands that arrive in another layout than the kernel's rows (a
+    view otherwise, free in the graph too)."""
 
-    def __init__(self, gt: GemmTactic, named: dict):
+    def __init__(self, gt: GemmTactic, named: dict, pool: int | None = None):
         self.gt = gt
         self.kernel = GemmKernel(gt.spec, gt.so_path, gt.key)
         self.x, self.other = named["x"], named.get("other")
@@ -254,7 +255,7 @@ class GemmRunner:
         self.out = torch.empty((spec.m, spec.n), dtype=DTYPES[spec.dtype][1])
         b = self.b.data if isinstance(self.b, PackedB) else logical_b(spec, self.b)
         ins = [self.a, b] + ([self.bias] if self.bias is not None else []) + self.residuals
-        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer)
+        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer, pool=pool)
 
     def _operand(self, t: torch.Tensor, n: int) -> torch.Tensor:
         src = self.gt.row_order(t)

@@ -53,11 +53,13 @@ from .tactic_convkernel import ConvKernelRunner, ConvKernelTactic, compile_conv_
 from .tactic_gemm import GemmRunner, GemmTactic, compile_gemm_plans, plan_gemms
 from .tactic_pass import candidates_for, in_layout_chain
 from .tactics.dispatch import bind, execute
+from .timing_pool import pool_enabled, timing_pool
 from .toolchain import package_version
 
 log = logging.getLogger("ascendc_pack")
 
-TACTIC_TUNING_VERSION = 1
+TACTIC_TUNING_VERSION = 2
+"""2: generated kernels are timed on the graph's task pool (``timing_pool``), not OpenMP."""
 TACTIC_CACHE_SUBDIR = "tactics"
 CL = torch.channels_last
 
@@ -167,6 +169,7 @@ class TacticTuner:
         self.reached: set[int] = set()
         self.choices: dict[str, TacticChoice] = {}
         self._sandbox = None
+        self._pool: int | None = None  # the graph's task pool generated kernels are timed on
         self._compiled = False
         firsts = {}
         for s in self.instances:
@@ -214,6 +217,8 @@ class TacticTuner:
             self.choices[name].candidates += cands
         for name, cands in compile_attention_plans(self._attention, self.config, progress).items():
             self.choices[name].candidates += cands
+        if self._gemms or self._conv_kernels or self._attention:  # timed on the pool graph.so runs them on
+            self._pool = timing_pool(self.config)
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         backend = get_backend(self.config.backend)
         for name, kc in prepare_kernels(epi, dataclasses.replace(self.config, topn=1), progress).items():
@@ -268,7 +273,8 @@ class TacticTuner:
 
     def _cache_dir(self, ch: TacticChoice) -> KernelDir:
         ahash = stable_hash(TACTIC_TUNING_VERSION, ch.name, json.dumps([t.key for t in ch.candidates]),
-                            torch.__version__, package_version(), self.config.effective_cores)[:16]
+                            torch.__version__, package_version(), self.config.effective_cores,
+                            "pool" if pool_enabled() else "openmp")[:16]
         return KernelDir(self.config.kernel_cache_root / TACTIC_CACHE_SUBDIR, ch.name, ahash)
 
     def _tune(self, ch: TacticChoice, step: TacticStep, env: dict, out: torch.Tensor) -> None:
@@ -342,7 +348,7 @@ class TacticTuner:
 
         runner_class = GemmRunner if isinstance(tactic, GemmTactic) else \
             AttnKernelRunner if isinstance(tactic, AttnKernelTactic) else ConvKernelRunner
-        runner = runner_class(tactic, _arrival(tactic, step.desc, named))
+        runner = runner_class(tactic, _arrival(tactic, step.desc, named), self._pool)
         if self._sandbox is None:
             self._sandbox = get_backend(self.config.backend).sandbox()
         verdict = runner.verify(expected, ref64, self._sandbox, self.protocol.verify_timeout_s)
@@ -403,7 +409,8 @@ class TacticTuner:
                "best_index": ch.best, "best_key": ch.candidates[ch.best].key,
                "timed_keys": [t.key for t in ch.candidates],
                "protocol": {**self.protocol.to_json(), "rounds": sel.rounds if sel else 0,
-                            "launches_per_sample": sel.number if sel else 0, "timing": "wall-clock"},
+                            "launches_per_sample": sel.number if sel else 0, "timing": "wall-clock",
+                            "kernel_threads": "task pool" if self._pool else "OpenMP"},
                "host": host_fingerprint(), "candidates": cands,
                "tactics": [t.to_json() for t in ch.candidates]}
         if ch.quality is not None:

@@ -166,3 +166,30 @@ def test_proposals_are_distinct_and_never_exceed_the_cores():
 def test_spec_round_trips_through_json():
     for spec in CASES:
         assert AttnSpec.from_json(spec.to_json()) == spec
+
+
+def test_pgo_times_the_kernel_on_the_graphs_task_pool(builds, tmp_path, monkeypatch):
+    """The build's PGO binds generated kernels to the task pool graph.so runs them on
+    (ascendc_pack/timing_pool.py); with ASCENDC_PACK_TASK_POOL=0 it times OpenMP, as graph.so runs."""
+    from ascendc_pack.timing_pool import timing_pool
+
+    config = BuildConfig.resolve(cache_dir=tmp_path)
+    pool = timing_pool(config)
+    assert pool
+    b = builds[0]
+    named = _operands(b.spec)
+    ref = _reference(b.spec, named)
+    tol, _ = tolerance(torch.float32)
+    threaded = [(c, cc) for c, cc in zip(b.candidates, b.compiled.candidates) if c.tiling.bd > 1]
+    assert threaded
+    for cand, cc in threaded:
+        kernel = AttnKernel(b.spec, cc.so_path)
+        assert kernel.lib.takes_pool
+        out = kernel.new_output()
+        run = kernel.lib.bind(kernel.operands(named), [out], kernel.workspace_buffer, pool=pool)
+        for _ in range(20):  # repeated jobs on the same pool
+            out.fill_(float("nan"))
+            assert run() == 0
+            assert torch.allclose(out, ref, atol=tol, rtol=tol), cand.tiling
+    monkeypatch.setenv("ASCENDC_PACK_TASK_POOL", "0")
+    assert timing_pool(config) is None

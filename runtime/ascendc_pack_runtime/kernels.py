@@ -73,6 +73,13 @@ class KernelLibrary:
         self._launch = self._lib.ap_kernel_launch
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+        try:  # the same kernel on a caller's task pool (kernel_pool.h), where the library exports it
+            self._launch_pool = self._lib.ap_kernel_launch_pool
+            self._launch_pool.restype = ctypes.c_int
+            self._launch_pool.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                                          ctypes.c_void_p]
+        except AttributeError:
+            self._launch_pool = None
         self.workspace = self.info["workspace"]
         self._ptr_in = ctypes.c_void_p * max(1, self.info["n_inputs"])
         self._ptr_out = ctypes.c_void_p * max(1, self.info["n_outputs"])
@@ -86,14 +93,28 @@ class KernelLibrary:
         """Run the kernel; returns the kernel's status (0 = success)."""
         return self.bind(inputs, outputs, workspace, max_threads)()
 
+    @property
+    def takes_pool(self) -> bool:
+        """Whether the library exports ``ap_kernel_launch_pool`` (runs its tasks on a given pool)."""
+        return self._launch_pool is not None
+
     def bind(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
-             workspace: torch.Tensor | None = None, max_threads: int = 0):
+             workspace: torch.Tensor | None = None, max_threads: int = 0, pool: int | None = None):
         """A launch on these tensors with its pointers bound once: ``run() -> status``. The
-        tensors are kept alive by it; timing it measures the kernel, not the Python around it."""
+        tensors are kept alive by it; timing it measures the kernel, not the Python around it.
+        ``pool``: the address of an ``ap_pool`` (kernel_pool.h) to run the tasks on, used when
+        the library exports ``ap_kernel_launch_pool`` (the build's PGO: what graph.so runs)."""
         ins = self._ptr_in(*[t.data_ptr() for t in inputs])
         outs = self._ptr_out(*[t.data_ptr() for t in outputs])
         ws = workspace.data_ptr() if workspace is not None else None
         keep = (list(inputs), list(outputs), workspace)
+        if pool is not None and self._launch_pool is not None:
+            launch_pool = self._launch_pool
+
+            def run_pool(keep=keep) -> int:
+                return launch_pool(ins, outs, ws, max_threads, pool)
+
+            return run_pool
         launch = self._launch
 
         def run(keep=keep) -> int:
