@@ -5,7 +5,8 @@ An :class:`AttnSpec` is one static ``softmax(Q·Kᵀ·scale + mask)·V`` over ``
 head ``h // (H / Hkv)``), each read in place with the strides it arrives in (the last dimension
 dense; the views of a fused ``qkv`` projection need no copy), an optional mask (``"float"``:
 added to the scores; ``"bool"``: True keeps a score) broadcast from its own shape, an optional
-causal mask (``j <= i``). The output is written ``[B, L, H, Ev]`` in memory (a ``[B, H, L, Ev]``
+causal mask (``j <= i``), or a shifted-window mask (window ``b % W``'s, ``mask_windows``).
+The output is written ``[B, L, H, Ev]`` in memory (a ``[B, H, L, Ev]``
 tensor with strides ``(L·H·Ev, Ev, H·Ev, 1)``), the layout torch's flash attention returns, so
 the usual ``transpose(1, 2).reshape(B, L, H·Ev)`` after it is a view.
 
@@ -70,7 +71,9 @@ def _positive(name: str, what: str, v) -> None:
 class AttnSpec:
     """One static attention (see the module docstring). ``q_strides`` / ``k_strides`` /
     ``v_strides``: the (batch, head, row) strides in elements, the last dimension dense;
-    ``mask_shape``: 4-D, each dimension 1 (broadcast) or the full size, stored contiguous."""
+    ``mask_shape``: 4-D, each dimension 1 (broadcast) or the full size, stored contiguous;
+    ``mask_windows`` W (shifted-window attention): batch ``b`` reads the mask of window ``b % W``
+    (``mask_shape[0]`` is W)."""
 
     name: str
     batch: int
@@ -88,6 +91,7 @@ class AttnSpec:
     mask_shape: tuple[int, int, int, int] | None = None
     causal: bool = False
     safe_softmax: bool = True
+    mask_windows: int | None = None
 
     def __post_init__(self):
         try:
@@ -113,7 +117,11 @@ class AttnSpec:
         if self.mask is None:
             object.__setattr__(self, "mask_shape", None)
         else:
-            full = (self.batch, self.heads, self.q_len, self.kv_len)
+            w = self.mask_windows
+            if w is not None and (self.mask != "float" or not isinstance(w, int) or w < 1 or self.batch % w):
+                raise AttnSpecError(f"attention kernel {self.name}: mask_windows={w!r} needs a float mask and a "
+                                    f"batch ({self.batch}) that is a multiple of it")
+            full = (w or self.batch, self.heads, self.q_len, self.kv_len)
             ms = tuple(self.mask_shape or ())
             if len(ms) != 4 or any(m not in (1, f) for m, f in zip(ms, full)):
                 raise AttnSpecError(f"attention kernel {self.name}: mask_shape must be 4 sizes, each 1 or "
@@ -342,6 +350,7 @@ def render(spec: AttnSpec, cand: AttnCandidate, isa: str) -> str:
         q_strides=spec.q_strides, k_strides=spec.k_strides, v_strides=spec.v_strides,
         out_strides=spec.out_strides, mask=spec.mask, mask_strides=spec.mask_strides,
         scale=f"{float(spec.scale)!r}f", causal=spec.causal, safe_softmax=spec.safe_softmax,
+        mask_windows=spec.mask_windows or 0,
         t=t, n_inputs=spec.n_inputs, shared_bytes=shared, thread_bytes=thread)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .program import AtenStep, Ref
 
 NEG_INF = float("-inf")
@@ -35,17 +37,25 @@ def _consumer(mt, name, op, args_pred=lambda s: True) -> int | None:
 
 
 def _unview3(mt, name3: str, steps: list) -> str | None:
-    """``view(expand(X, shape4), shape3)`` -> X (a 4-D value); the view/expand go into ``steps``."""
+    """``view(expand(X, shape4), shape3)`` -> X (a 4-D value); the view/expand go into ``steps``.
+    A contiguous ``clone`` between the view and the expand (capture makes one of a strided X, e.g.
+    a head of a ``qkv`` projection) goes too: the kernels read X in place, the others as X."""
     v = _step(mt, name3, "aten.view.default")
     if v is None:
         return None
-    e = _step(mt, v.args[0].name, "aten.expand.default")
+    inner = v.args[0].name
+    c = _step(mt, inner, "aten.clone.default")
+    if c is not None and c.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format \
+            and len(c.kwargs) <= 1:
+        steps.append(mt.index_of(inner))
+        inner = c.args[0].name
+    e = _step(mt, inner, "aten.expand.default")
     if e is None:
         return None
     x = e.args[0].name
     if list(e.args[1]) != list(mt.spec(x).shape):
         return None
-    steps += [mt.index_of(name3), mt.index_of(v.args[0].name)]
+    steps += [mt.index_of(name3), mt.index_of(inner)]
     return x
 
 
@@ -115,9 +125,12 @@ def match_attention(mt, i: int):
     if v is None:
         return None
     # the scores
-    mask = None
+    mask = mask_shape = mask_windows = None
     pre = mt.step_of(s)
-    if pre is not None and pre.op == "aten.add.Tensor" and not pre.kwargs and all(isinstance(a, Ref) for a in pre.args):
+    windowed = _windowed_mask(mt, s, steps)
+    if windowed is not None:
+        scores, mask, mask_shape, mask_windows = windowed
+    elif pre is not None and pre.op == "aten.add.Tensor" and not pre.kwargs and all(isinstance(a, Ref) for a in pre.args):
         scores, mask = pre.args[0].name, pre.args[1].name
         steps.append(mt.index_of(s))
     else:
@@ -163,8 +176,10 @@ def match_attention(mt, i: int):
     S, Ev = ks.shape[2], vs.shape[3]
     if mask is not None:
         ms = mt.spec(mask)
-        if ms is None or len(ms.shape) not in (2, 3, 4) or ms.dtype != ss.dtype or ms.shape[-2:] != (L, S):
+        if ms is None or ms.dtype != ss.dtype or ms.shape[-2:] != (L, S) or \
+                (mask_shape is None and len(ms.shape) not in (2, 3, 4)):
             return None
+        mask_shape = mask_shape or tuple(ms.shape)
     out = mt.g.steps[out_view].outputs[0]
     steps = sorted(set(steps))
     inside = set(steps)
@@ -174,10 +189,44 @@ def match_attention(mt, i: int):
     fields = {"batch": B, "heads": H, "q_len": L, "kv_len": S, "head_dim": E, "kv_heads": kv_heads,
               "v_head_dim": Ev if Ev != E else None, "scale": scale if not math.isclose(scale, E ** -0.5) else None,
               "mask": "float" if mask is not None else None,
-              "mask_shape": tuple(mt.spec(mask).shape) if mask is not None else None,
-              "causal": False, "safe_softmax": safe, "dtype": ss.dtype}
+              "mask_shape": mask_shape, "causal": False, "safe_softmax": safe, "dtype": ss.dtype,
+              "mask_windows": mask_windows}
     bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {})}
     return fields, steps, bind, out
+
+
+def _windowed_mask(mt, s: str, steps: list):
+    """Shifted-window attention's mask: ``s = view(add(view(S, [N, W, H, L, S]), m), [N*W, H, L, S])``
+    -> ``(S, m, mask_shape, windows)`` with the steps recorded: a mask per window (``m`` of
+    ``[1, W, Hm, L, S]`` or ``[W, Hm, L, S]``) is ``mask_windows=W`` of shape ``[W, Hm, L, S]``; one
+    per image and window (``[N, W, ...]``) or one for all (``[1, 1, ...]``) a plain 4-D mask. None
+    for anything else."""
+    v2 = _step(mt, s, "aten.view.default")
+    add = v2 and _step(mt, v2.args[0].name, "aten.add.Tensor")
+    if not add or add.kwargs or not all(isinstance(a, Ref) for a in add.args):
+        return None
+    v1 = _step(mt, add.args[0].name, "aten.view.default")
+    if v1 is None:
+        return None
+    scores, mask = v1.args[0].name, add.args[1].name
+    s4, s5, ms = mt.spec(scores), mt.spec(add.args[0].name), mt.spec(mask)
+    if s4 is None or s5 is None or ms is None or len(s4.shape) != 4 or len(s5.shape) != 5 or len(ms.shape) > 5 \
+            or tuple(mt.spec(s).shape) != tuple(s4.shape):
+        return None
+    n, w, h, l, k = s5.shape
+    if n * w != s4.shape[0] or (h, l, k) != tuple(s4.shape[1:]):
+        return None
+    b0, w0, h0, l0, k0 = (1,) * (5 - len(ms.shape)) + tuple(ms.shape)
+    if (l0, k0) != (l, k) or h0 not in (1, h):
+        return None
+    if (b0, w0) == (1, w) and w > 1:
+        shape, windows = (w, h0, l, k), w
+    elif (b0, w0) in ((1, 1), (n, w)):
+        shape, windows = (b0 * w0, h0, l, k), None
+    else:
+        return None
+    steps += [mt.index_of(s), mt.index_of(v2.args[0].name), mt.index_of(add.args[0].name)]
+    return scores, mask, shape, windows
 
 
 def _safe_guard(mt, s: str, p: str, steps: list) -> bool:

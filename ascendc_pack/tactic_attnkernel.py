@@ -54,7 +54,7 @@ def attention_spec(step: TacticStep, values: dict) -> AttnSpec | None:
     try:
         return AttnSpec(f"attention_{step.name}", a.batch, a.heads, a.hkv, a.q_len, a.kv_len, a.head_dim, a.ev,
                         a.softmax_scale, strides["q"], strides["k"], strides["v"], a.mask, mask_shape, a.causal,
-                        a.safe_softmax)
+                        a.safe_softmax, a.mask_windows)
     except AttnSpecError as e:
         log.debug("no generated attention kernel for %s: %s", step.name, e)
         return None

@@ -5,7 +5,7 @@ Every candidate (topn 10) of every case is compiled and run on seeded operands a
 eager PyTorch's math written out (``tactics.attention_reference``): no mask; an additive float
 mask broadcast over batch and heads; a bool mask with fully masked rows (0 with ``_safe_softmax``,
 NaN with a written-out softmax, as eager); causal; grouped-query attention; q/k/v as the strided
-views of one ``qkv`` projection (read in place, with 2-thread candidates); ``Ev != E``; ``L != S``; sizes with tails of
+views of one ``qkv`` projection (read in place, with 2-thread candidates); a shifted-window mask; ``Ev != E``; ``L != S``; sizes with tails of
 every block (5 rows, 7 keys, head size 12). All specs compile in one ``compile_kernels`` call.
 """
 
@@ -35,12 +35,14 @@ def _contig(h, l, e):
     return (h * l * e, l * e, e)
 
 
-def _spec(name, b, h, hk, l, s, e, ev=None, mask=None, mask_shape=None, causal=False, safe=True, views=False):
+def _spec(name, b, h, hk, l, s, e, ev=None, mask=None, mask_shape=None, causal=False, safe=True, views=False,
+          windows=None):
     ev = ev or e
     q = _qkv_view_strides(b, h, l, e) if views else _contig(h, l, e)
     k = _qkv_view_strides(b, hk, s, e) if views else _contig(hk, s, e)
     v = _qkv_view_strides(b, hk, s, ev) if views else _contig(hk, s, ev)
-    return AttnSpec(name, b, h, hk, l, s, e, ev, 1.0 / math.sqrt(e), q, k, v, mask, mask_shape, causal, safe)
+    return AttnSpec(name, b, h, hk, l, s, e, ev, 1.0 / math.sqrt(e), q, k, v, mask, mask_shape, causal, safe,
+                    windows)
 
 
 CASES = [
@@ -50,6 +52,7 @@ CASES = [
     _spec("bool_mask_unsafe", 1, 2, 2, 9, 11, 16, mask="bool", mask_shape=(1, 1, 9, 11), safe=False),
     _spec("causal_gqa", 1, 8, 2, 40, 40, 32, causal=True),
     _spec("window_mask", 8, 2, 2, 16, 16, 16, mask="float", mask_shape=(8, 1, 16, 16)),
+    _spec("shifted_windows", 8, 2, 2, 16, 16, 16, mask="float", mask_shape=(4, 1, 16, 16), views=True, windows=4),
     _spec("tails_ev", 1, 3, 3, 5, 7, 12, ev=20),
     _spec("cross_long", 1, 2, 1, 4, 300, 24, mask="float", mask_shape=(1, 2, 4, 300)),
 ]
@@ -76,7 +79,8 @@ def _operands(spec: AttnSpec, seed: int = 0) -> dict:
 
 def _reference(spec: AttnSpec, named: dict) -> torch.Tensor:
     step = AttentionStep(spec.batch, spec.heads, spec.q_len, spec.kv_len, spec.head_dim, spec.kv_heads,
-                         spec.v_head_dim, spec.scale, spec.mask, spec.mask_shape, spec.causal, spec.safe_softmax)
+                         spec.v_head_dim, spec.scale, spec.mask, spec.mask_shape, spec.causal, spec.safe_softmax,
+                         mask_windows=spec.mask_windows)
     with torch.no_grad():
         ref = attention_reference(step, named)
     if not spec.safe_softmax and spec.mask == "bool":  # a written-out softmax: NaN on fully masked rows
@@ -140,6 +144,8 @@ def test_wrong_operands_are_refused_with_the_expected_shape(builds):
     (dict(kv_len=2 << 20), "left to torch's flash attention"),
     (dict(q_strides=(1, 2)), "q_strides must be 3 non-negative ints"),
     (dict(batch=0), "batch must be a positive int"),
+    (dict(mask="float", mask_shape=(3, 1, 8, 8), mask_windows=3), "multiple of it"),
+    (dict(mask="float", mask_shape=(2, 1, 8, 8), mask_windows=1), "mask_shape must be 4 sizes"),
 ])
 def test_bad_specs_name_the_field(kw, match):
     base = dict(name="a", batch=1, heads=2, kv_heads=2, q_len=8, kv_len=8, head_dim=16, v_head_dim=16, scale=0.25,

@@ -36,6 +36,9 @@ class AttentionStep:
     ``mask``: ``None``, ``"bool"`` (True keeps a score) or ``"float"`` (added to the scores),
     of ``mask_shape`` (broadcastable to [B, H, L, S]); ``causal`` additionally keeps only
     ``j <= i`` (top-left aligned, as SDPA's ``is_causal``); ``scale`` defaults to ``1/sqrt(E)``.
+    ``mask_windows`` (a float mask only): the batch is ``B / W`` images of ``W`` windows each
+    (shifted-window attention) and the ``[W, Hm, L, S]`` mask is window ``b % W``'s, added as
+    ``scores.view(B / W, W, H, L, S) + mask``.
     """
 
     batch: int
@@ -51,11 +54,16 @@ class AttentionStep:
     causal: bool = False
     safe_softmax: bool = True
     dtype: str = "float32"
+    mask_windows: int | None = None
     kind = "attention"
 
     def __post_init__(self):
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+        if self.mask_windows and (self.mask != "float" or self.batch % self.mask_windows
+                                  or len(self.mask_shape or ()) != 4 or self.mask_shape[0] != self.mask_windows):
+            raise ValueError(f"mask_windows={self.mask_windows} needs a float mask of shape [W, Hm, L, S] and a "
+                             f"batch that is a multiple of W, got {self.mask} {self.mask_shape} / {self.batch}")
         if self.heads % self.hkv:
             raise ValueError(f"kv_heads={self.hkv} must divide heads={self.heads} (grouped-query attention)")
 
@@ -115,7 +123,14 @@ def unfused_tactic(step: AttentionStep) -> Tactic:
                     Prepack(Call("aten::tril", (Ref("causal_ones"),), out="causal_keep"), "build")]
         calls.append(Call("aten::where.ScalarOther", (Ref("causal_keep"), Ref("s"), NEG_INF), out="s_causal"))
     s = "s_causal" if step.causal else "s"
-    if step.mask == "float":
+    if step.mask == "float" and step.mask_windows:
+        w = step.mask_windows
+        calls += [Call("aten::view", (Ref(s), (step.batch // w, w, step.heads, step.q_len, step.kv_len)), out="s_win"),
+                  Call("aten::add.Tensor", (Ref("s_win"), Ref("mask")), out="s_win_masked"),
+                  Call("aten::view", (Ref("s_win_masked"), (step.batch, step.heads, step.q_len, step.kv_len)),
+                       out="s_masked")]
+        s = "s_masked"
+    elif step.mask == "float":
         calls.append(Call("aten::add.Tensor", (Ref(s), Ref("mask")), out="s_masked"))
         s = "s_masked"
     elif step.mask == "bool":
@@ -152,7 +167,7 @@ def flash_applies(step: AttentionStep) -> bool:
     """Whether ``flash`` gives eager's answer for every input (see the module docstring)."""
     no_full_rows = step.mask is None and (not step.causal or step.q_len <= step.kv_len)
     return (step.dtype in ("float32", "bfloat16", "float16") and step.ev == step.head_dim  # "same head size"
-            and (step.safe_softmax or no_full_rows))
+            and (step.safe_softmax or no_full_rows) and not step.mask_windows)  # its mask is 4-D [B, ...]
 
 
 def attention_tactics(step: AttentionStep) -> list[Tactic]:
@@ -172,7 +187,10 @@ def attention_reference(step: AttentionStep, env: dict) -> torch.Tensor:
     if step.causal:
         keep = torch.ones(step.q_len, step.kv_len, dtype=torch.bool).tril()
         s = s.masked_fill(~keep, NEG_INF)
-    if step.mask == "float":
+    if step.mask == "float" and step.mask_windows:
+        w = step.mask_windows
+        s = (s.view(step.batch // w, w, *s.shape[1:]) + env["mask"]).view(s.shape)
+    elif step.mask == "float":
         s = s + env["mask"]
     elif step.mask == "bool":
         s = s.masked_fill(~env["mask"], NEG_INF)
