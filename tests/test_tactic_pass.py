@@ -105,6 +105,19 @@ def test_written_out_attention_keeps_unsafe_softmax():
     assert [t.name for t in candidates_for(s, 10)] == ["unfused"]  # flash would turn NaN rows into 0
 
 
+def test_shifted_window_attention_with_strided_heads_is_one_step():
+    """swin: q/k/v heads of one qkv projection (capture clones them contiguous before the bmm)
+    and a per-window mask added to the scores viewed [N, W, H, L, S]."""
+    def f(s, qkv, m):
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [8 windows, 2 heads, 16 tokens, 8]
+        a = (q * 0.35) @ k.transpose(-2, -1)
+        a = a.view(2, 4, 2, 16, 16) + m.unsqueeze(1).unsqueeze(0)
+        return torch.softmax(a.view(-1, 2, 16, 16), -1) @ v
+    _, (s,) = _pass(Fn(f), torch.randn(8, 16, 3, 2, 8), torch.randn(4, 16, 16))
+    assert s.tactic_kind == "attention" and s.desc["mask_windows"] == 4 and tuple(s.desc["mask_shape"]) == (4, 1, 16, 16)
+    assert s.desc["batch"] == 8 and [t.name for t in candidates_for(s, 10)] == ["unfused"]
+
+
 def test_batchnorm_residual_relu_chain_and_derived_affine():
     bn = nn.BatchNorm2d(8)
     with torch.no_grad():

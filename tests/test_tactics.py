@@ -147,12 +147,15 @@ ATTN = {
                             mask_shape=(1, 1, 16, 16), causal=True, scale=0.3),
     "cross_shorter_q": dict(batch=1, heads=2, q_len=8, kv_len=20, head_dim=16, causal=True),
     "v_dim_differs": dict(batch=1, heads=2, q_len=8, kv_len=8, head_dim=16, v_head_dim=24),
+    "shifted_windows": dict(batch=8, heads=2, q_len=16, kv_len=16, head_dim=8, mask="float", mask_shape=(4, 1, 16, 16),
+                            mask_windows=4),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ATTN))
 def test_attention_candidates(case):
-    flash = ATTN[case].get("v_head_dim") is None  # the flash kernel wants one head size for Q, K, V
+    # the flash kernel wants one head size for Q, K, V and a 4-D [B, ...] mask
+    flash = ATTN[case].get("v_head_dim") is None and not ATTN[case].get("mask_windows")
     _all_match(AttentionStep(**ATTN[case]), expect={"unfused", "flash"} if flash else {"unfused"})
 
 
