@@ -150,10 +150,11 @@ class TacticTuner:
 
     ``config``: topn (candidates per step, candidate 0 included; a GEMM step also gets up to
     topn tilings of its generated kernel, a 1x1 convolution up to ``CONV_TILINGS``, a depthwise
-    one up to ``CONV_KERNEL_TILINGS``), cache directory, cores; ``compile_epilogue``: build
-    candidate 0's epilogue as a fused kernel for its timing; ``gemm``: offer the generated GEMM
-    and convolution kernels (tests switch both off to stay fast; then candidate 0 is timed with the epilogue as
-    ATen ops). :meth:`close` stops the verification sandbox of the generated kernels' candidates.
+    one up to ``CONV_KERNEL_TILINGS``, an attention step up to topn tilings of its generated
+    kernel), cache directory, cores; ``compile_epilogue``: build candidate 0's epilogue as a fused
+    kernel for its timing; ``gemm``: offer the generated GEMM, convolution and attention kernels
+    (timed on the graph's task pool, :mod:`ascendc_pack.timing_pool`; tests switch both off to
+    stay fast; then candidate 0 is timed with the epilogue as ATen ops). :meth:`close` stops the verification sandbox of the generated kernels' candidates.
     """
 
     def __init__(self, model: ModelProgram, weights: dict[str, torch.Tensor], config: BuildConfig,
@@ -187,7 +188,7 @@ class TacticTuner:
         attention = [s for s in firsts.values() if config.topn > 1 and s.tactic_kind == "attention"]
         self._attention = plan_attention_kernels(attention, {s.name: self.programs[id(s)].values for s in attention},
                                                  config) if gemm else {}
-        tuned += [s for s in attention if s.name in self._attention and s not in tuned]
+        tuned += [s for s in attention if s.name in self._attention and s.name not in {t.name for t in tuned}]
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
                            for s in tuned if compile_epilogue} if tuned else {}
         self._kernels: dict = {}
