@@ -176,8 +176,8 @@ def match_attention(mt, i: int):
     S, Ev = ks.shape[2], vs.shape[3]
     if mask is not None:
         ms = mt.spec(mask)
-        if ms is None or ms.dtype != ss.dtype or ms.shape[-2:] != (L, S) or \
-                (mask_shape is None and len(ms.shape) not in (2, 3, 4)):
+        if ms is None or ms.dtype != ss.dtype or (mask_shape is None and not (  # (a window mask: checked)
+                len(ms.shape) in (2, 3, 4) and _broadcasts(tuple(ms.shape), (B, H, L, S)))):
             return None
         mask_shape = mask_shape or tuple(ms.shape)
     out = mt.g.steps[out_view].outputs[0]
@@ -193,6 +193,14 @@ def match_attention(mt, i: int):
               "mask_windows": mask_windows}
     bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {})}
     return fields, steps, bind, out
+
+
+def _broadcasts(mask: tuple, scores: tuple) -> bool:
+    """A mask of this shape broadcasts to the scores: one per key (its last size is S), and every
+    other size 1 or the scores' (e.g. a key padding mask [B, 1, 1, S], a causal one [L, S])."""
+    if not mask or len(mask) > len(scores) or mask[-1] != scores[-1]:
+        return False
+    return all(m in (1, f) for m, f in zip(mask[::-1], scores[::-1]))
 
 
 def _windowed_mask(mt, s: str, steps: list):

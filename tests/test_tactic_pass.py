@@ -97,6 +97,35 @@ def test_sdpa_with_mask_and_causal_grouped_query():
     assert [t.name for t in candidates_for(g, 10)] == ["unfused", "flash"]
 
 
+def test_padding_and_causal_masks_that_broadcast_are_matched():
+    """A key padding mask [B, 1, 1, S] (bool, with a sequence whose keys are all masked) and a
+    2-D [L, S] mask broadcast over batch and heads: one attention step each, with the mask's shape."""
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    keep = torch.rand(2, 1, 1, 6) > 0.3
+    keep[1] = False
+    sdpa = Fn(lambda s, *a: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3]))
+    _, (s,) = _pass(sdpa, q, k, v, keep)
+    assert s.tactic_kind == "attention" and s.desc["mask"] == "float" and s.desc["mask_shape"] == [2, 1, 1, 6]
+    assert s.desc["safe_softmax"]  # the fully masked sequence gives 0, as eager's
+    _, (s2,) = _pass(sdpa, q, k, v, torch.randn(6, 6))
+    assert s2.desc["mask_shape"] == [6, 6]
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)  # key_padding_mask: a [B, H, 1, S] float mask
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[0, 4:] = True
+    _, (_, s3, _) = _pass(Fn(lambda s, x, p: s.a(x, x, x, key_padding_mask=p, need_weights=False)[0], a=mha),
+                          torch.randn(2, 6, 16), pad)
+    assert s3.tactic_kind == "attention" and s3.desc["mask_shape"] == [2, 2, 1, 6]
+
+
+def test_a_mask_that_does_not_broadcast_per_key_stays_aten():
+    """A mask constant along the keys ([B, 1, L, 1]) is legal PyTorch but not a per-key mask: the
+    attention is left to the ATen steps as captured (which still compute it)."""
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    res, steps = _pass(Fn(lambda s, *a: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3])), q, k, v,
+                       torch.randn(2, 1, 6, 1))
+    assert steps == []
+
+
 def test_written_out_attention_keeps_unsafe_softmax():
     def f(s, q, k, v, m):
         return torch.softmax(q @ k.transpose(-2, -1) * 0.3 + m, -1) @ v

@@ -170,6 +170,52 @@ def test_every_candidate_renders_in_the_graph(tmp_path, cache, monkeypatch, pref
         _fresh_process_matches(out, _model(), _inputs(), tmp_path)
 
 
+class PaddedAttention(nn.Module):
+    """sdpa with a key padding mask that is a model input (bool [B, 1, 1, S])."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x, keep):
+        b, l, _ = x.shape
+        q, k, v = self.qkv(x).view(b, l, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def test_a_key_padding_mask_runs_in_the_generated_attention_kernel(tmp_path, cache, monkeypatch):
+    """The mask broadcasts over heads and queries; the second sequence has every key masked (0, as
+    eager's safe softmax gives). The kernel is chosen for the attention step, the mask made from a
+    new bool input on every call, and the bundle matches eager in a fresh process on new masks."""
+    real = TacticTuner.decisions
+
+    def forced(self):
+        out = real(self)
+        for s in self.instances:
+            names = [t.name for t in self.choices[s.name].candidates]
+            if s.tactic_kind == "attention":
+                out[id(s)] = names.index("kernel#0")
+        return out
+
+    monkeypatch.setattr(TacticTuner, "decisions", forced)
+    torch.manual_seed(0)
+    model = PaddedAttention().eval()
+    g = torch.Generator().manual_seed(1)
+    keep = torch.rand(2, 1, 1, 6, generator=g) > 0.3
+    keep[1] = False
+    inputs = (torch.randn(2, 6, 16, generator=g), keep)
+    res, out = _build(tmp_path, cache, model=model, inputs=inputs)
+    (attn,) = [ch for ch in res.tactics.values() if ch.kind == "attention"]
+    assert attn.desc["mask_shape"] == [2, 1, 1, 6] and all(r.error is None for r in attn.results)
+    assert any(k.name.startswith("attention_") for k in rt.read_manifest(out).kernels)  # the kernel runs
+    with torch.no_grad():
+        assert model(*inputs)[1].abs().max() == 0
+    _fresh_process_matches(out, model, inputs, tmp_path)
+    other = torch.rand(2, 1, 1, 6, generator=g) > 0.5
+    other[0, ..., 0] = True
+    _fresh_process_matches(out, model, (torch.randn(2, 6, 16, generator=g), other), tmp_path)
+
+
 @pytest.mark.parametrize("packed", [True, False], ids=["B-packed-at-load", "B-as-held"])
 def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch, packed):
     """A GEMM kernel chosen for every GEMM step: launched from graph.cpp, B packed at load by the
