@@ -40,10 +40,6 @@ from .errors import PackError
 log = logging.getLogger("ascendc_pack")
 
 MAX_CANDIDATES = 10
-VARIETY_SLACK = 1.25
-"""A packing or register block goes to PGO ahead of the runners-up when its best estimate is
-within this factor of the best one (the estimate ranks; it is ~2x optimistic in absolute terms):
-further off, PGO's candidates are better spent on the best kind's next tilings."""
 TEMPLATE_NAME = "kernel/gemm.cpp.j2"
 DTYPES = {"float32": ("float", torch.float32), "bfloat16": ("uint16_t", torch.bfloat16),
           "float16": ("uint16_t", torch.float16)}
@@ -241,10 +237,6 @@ class GemmTarget:
     l2: int = 1 << 20
     l3: int = 8 << 20
     ghz: float = 3.0
-    join_us: float = 10.0
-    """When a worker of the task pool starts on a job after the caller: ~1 µs when it is still
-    awake, 20-35 µs when it slept (a 2-vCPU KVM guest, 2026-12-04); a job split in a few tasks
-    per thread loses about half of it, one split in one task per thread all of it."""
 
     @staticmethod
     def detect(cores: int, march: str = "native", caches: dict[str, int] | None = None) -> GemmTarget:
@@ -369,8 +361,7 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     tasks = [block_cycles(min(t.mc, m - i * t.mc), min(t.nc, n - j * t.nc))
              for _ in range(batches) for j in range(nb) for i in range(mb)]
     nt = t.bd
-    # the caller starts at once; a worker of the graph's task pool joins after its wake-up
-    loads = [0.0] + [target.join_us * target.ghz * 1e3] * (nt - 1)
+    loads = [0.0] * nt
     for task in tasks:  # schedule(dynamic): the next block goes to the first thread free
         loads[loads.index(min(loads))] += task
     busiest = max(loads) * spec.batch / batches
@@ -425,8 +416,6 @@ def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
                 for split in ((bd, bd * 2) if bd > 1 else ()):  # enough tasks for the threads
                     blocks.add((mc_full, max(nr, _round_up(_ceil(n, split), nr))))
                     blocks.add((max(r, _round_up(_ceil(m, split), r)), nc_full))
-                if bd > 1:  # several tasks per thread: the caller works on while a worker wakes up
-                    blocks.add((max(r, _round_up(_ceil(m, bd * 4), r)), nc_full))
                 for mc, nc in blocks:
                     for pack in packs:
                         out.append(GemmTiling(r, nr, vec, mc, nc, kc, bd, pack))
@@ -435,9 +424,8 @@ def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
 
 def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[GemmCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first. The list keeps
-    variety for PGO: the best of every thread count (the estimate's least certain term: waking a
-    core), then the best of every (pack, threads) kind and of every register block whose
-    estimate is within :data:`VARIETY_SLACK` of the best, come before the runners-up."""
+    variety for PGO: the best of every (pack, threads) kind and of every register block come
+    before the runners-up."""
     scored, seen = [], set()
     for t in _space(spec, target, target.cores):
         cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
@@ -445,11 +433,10 @@ def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
             seen.add(cand.kernel_key)
             scored.append(GemmCandidate(t, cand, estimate_us(spec, t, target)))
     scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
-    near = scored[0].est_us * VARIETY_SLACK
     ranked: dict[int, GemmCandidate] = {}  # by id: insertion-ordered, no deep comparisons
-    for kind, pool in ((lambda t: t.bd, scored), (lambda t: (t.pack, t.bd), None), (lambda t: (t.mr, t.nr), None)):
+    for kind in (lambda t: (t.pack, t.bd), lambda t: (t.mr, t.nr)):
         firsts = {}
-        for c in pool or [c for c in scored if c.est_us <= near]:
+        for c in scored:
             firsts.setdefault(kind(c.tiling), c)
         for c in firsts.values():
             ranked.setdefault(id(c), c)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.gemm import EPILOGUE_OPS, MAX_CANDIDATES, VARIETY_SLACK, GemmSpec, GemmSpecError, GemmTarget, compile_gemms, propose
+from ascendc_pack.gemm import EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, GemmTarget, compile_gemms, propose
 from ascendc_pack.gemm_launch import GemmKernel, eager_reference, random_operands
 from tests.kernel_check import tolerance
 
@@ -176,14 +176,9 @@ def test_candidates_are_ranked_distinct_and_keyed_like_torch_npu():
         assert cand.kernel_key == hashlib.md5(text.encode()).hexdigest()
         assert cand.block_dim == t.bd <= 2 and t.nr % t.lanes == 0 and t.mc % t.mr == 0 and t.nc % t.nr == 0
         assert (cand.workspace > 0) == (t.pack == "call")
-    assert {c.tiling.pack for c in cands} <= {"call", "load"}  # a transposed weight is never read in place
-    assert {c.tiling.bd for c in cands} == {1, 2}  # every thread count, however far off its estimate
+    assert {c.tiling.pack for c in cands} == {"call", "load"}  # a transposed weight is never read in place
+    assert {c.tiling.bd for c in cands} == {1, 2}
     assert len({(c.tiling.mr, c.tiling.nr) for c in cands}) >= 3
-    # a kind far off the best estimate does not take a slot from the best kind's next tilings
-    assert all(c.est_us <= cands[0].est_us * VARIETY_SLACK for c in cands if c.tiling.bd == 2)
-    # the best splits the rows in several tasks per thread: the caller works on while a worker wakes
-    t = cands[0].tiling
-    assert -(-128 // t.mc) * -(-256 // t.nc) >= 2 * t.bd
     assert len(propose(GemmSpec.linear("x", 128, 256, 256), target, 3)) == 3
 
 
