@@ -9,6 +9,11 @@ the median per-call wall time and process CPU time, and each contender's ratio t
 exporting the model to DIR on first use; ratios are then to ONNX Runtime. For a quick check of a
 change, not a benchmark: ``ascendc-pack bench`` / ``bench/run_all.py`` run each contender in its
 own process.
+
+To compare with another commit, build its bundle from a worktree of that commit *as the current
+directory* (``cd ../old && PYTHONPATH=.:runtime python -m ascendc_pack build ...``): Python puts
+the current directory ahead of ``PYTHONPATH``, so running from this checkout builds with this
+checkout's code whatever ``PYTHONPATH`` says.
 """
 
 from __future__ import annotations
