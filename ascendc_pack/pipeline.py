@@ -151,6 +151,7 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     interpreter compiling in the background).
     """
     from .backend import get_backend
+    from .copy_elision import elide_copies
     from .fold import fold_constants
     from .fuse import fuse
     from .graph_aten import meta_layout_cache
@@ -166,12 +167,14 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
         if hit:
             st.note("reused from the capture cache")
         folded = fold_constants(captured.model, captured.weights)
-        captured = Captured(folded.model, folded.weights)
+        captured = Captured(elide_copies(folded.model), folded.weights)
     choices, counts = {}, (0, 0)
     if tactics and backend.name == "cpu":  # tactics are CPU kernels; on npu heavy steps stay ATen (torch_npu)
         with meta_layout_cache(config.cache_dir):
             captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol,
                                                  before_tuning)
+        # a lowered step may return the layout a clone after it makes (an attention kernel's output)
+        captured = Captured(elide_copies(captured.model), captured.weights)
     with progress.stage("fuse"):
         fused = fuse(captured.model)
         # kernels the backend cannot generate run as their ATen steps (never a wrong kernel)
