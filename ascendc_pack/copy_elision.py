@@ -10,8 +10,11 @@ folds into its readers' loads and the graph renders once at load.
 A clone stays a copy when it changes the layout (a relayout: its readers may need it), when its
 result is a program output (an output owns its memory), when its input is, through views, a
 program input (the user's tensors and the weights must not be aliased by values the call
-returns or hands on), and in a program with an in-place step. Run it on the captured program,
-after constant folding and before the tactic pass.
+returns or hands on), and in a program with an in-place step. The pipeline runs it on the
+captured program after constant folding, and again once the tactic steps are lowered (a lowered
+step may return the layout a clone after it makes: an attention kernel's ``[B, L, H, E]``
+output before ``permute(...).contiguous()``). Outputs that are views of one value share its
+memory, as eager's (eval-mode dropout returns its input itself).
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def _root(name: str, producer: dict) -> str:
 
 
 def _in_place(s) -> bool:
-    return isinstance(s, AtenStep) and s.op.split(".")[1].endswith("_")
+    name = s.op.split(".")[1] if isinstance(s, AtenStep) and s.op.count(".") >= 1 else ""
+    return name.endswith("_")
 
 
 __all__ = ["elide_copies"]
