@@ -105,7 +105,10 @@ def test_ctrl_c_during_compile_stops_cleanly(tmp_path, jobs):
     out, cache = tmp_path / "m.ascpack", tmp_path / "c"
     proc = subprocess.Popen([sys.executable, "-m", "ascendc_pack", "build", str(EXAMPLES / "mlp.py"), "--topn", "2",
                              "--jobs", str(jobs), "--cache-dir", str(cache), "-o", str(out)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # Ctrl-C as in a terminal, even when this run's parent ignores SIGINT (a job started
+                            # with `&` by a script inherits SIG_IGN, and Python then installs no handler)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not (pids.exists() and len(pids.read_text().split()) >= jobs):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
