@@ -18,17 +18,7 @@ from ascendc_pack.pipeline import build
 from ascendc_pack.program import AtenStep, ModelProgram, Program, Ref, TensorSpec
 
 from .bundle_fixtures import build_root
-
-
-class Fn(nn.Module):
-    def __init__(self, fn, **mods):
-        super().__init__()
-        self.fn = fn
-        for k, v in mods.items():
-            setattr(self, k, v)
-
-    def forward(self, *xs):
-        return self.fn(self, *xs)
+from .test_tactic_pass import Fn
 
 
 def _ops(model: ModelProgram) -> list[str]:
