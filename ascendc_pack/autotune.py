@@ -6,7 +6,14 @@ first); each sample times ``number`` back-to-back launches, calibrated so a samp
 least ``min_sample_us``. After ``min_rounds`` the medians decide, unless the best two are
 within ``noise`` of each other: then rounds go on up to ``max_rounds`` or ``time_cap_s``.
 Ties keep the lower index. A candidate whose launch raises is recorded as failed and never
-chosen; if all fail, :class:`AutotuneError` is raised. (Before timing, :mod:`ascendc_pack.verify`
+chosen; if all fail, :class:`AutotuneError` is raised.
+
+Another process can take a core in the middle of a sample (a busy build host): a multi-thread
+candidate then waits for its straggler and looks slower than it is. With a ``wait_clock`` (the
+run-queue wait of this process's threads, :func:`run_queue_wait_s`) a sample during which the
+threads waited for a core longer than ``max_wait_share`` of it is taken again, up to
+``contended_retries`` times, and the least contended one is kept; ``Selection.wait_share`` says
+how contended the kept samples still were (``MeasurementQuality`` flags the choice). (Before timing, :mod:`ascendc_pack.verify`
 checks every candidate's outputs; the tune stage passes only the ones that passed.)
 
 ``select`` takes a ``measure(index, number) -> seconds`` callable, so the logic is tested with
@@ -16,6 +23,7 @@ an injected fake timer; :func:`kernel_measure` builds the real one for a compile
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,6 +56,8 @@ class Protocol:
     min_sample_us: float = 200.0   # a sample repeats the launch until it lasts this long
     verify_timeout_s: float = 10.0  # a candidate's verification run may take this long (or longer
                                     # for slow references, see verify.TIMEOUT_PER_REFERENCE)
+    max_wait_share: float = 0.05   # a sample whose threads waited for a core longer than this share
+    contended_retries: int = 2     # of it is contended: taken again up to this many times
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -63,6 +73,8 @@ class Selection:
     rounds: int
     number: int = 1
     medians_us: list[float | None] = field(default_factory=list)
+    wait_share: float = 0.0         # run-queue wait ÷ wall time over the kept samples (0: no wait_clock)
+    retaken: int = 0                # contended samples taken again
 
 
 Measure = Callable[[int, int], float]  # (candidate index, launches) -> seconds for all launches
@@ -72,16 +84,69 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+class _RunQueueWait:
+    """Reads ``/proc/self/task/<tid>/schedstat`` of every thread, keeping each file open (about
+    10 µs a read for a few threads instead of 70 µs opening them: it runs around every sample)."""
+
+    def __init__(self):
+        self.pid, self.fds = None, {}
+
+    def __call__(self) -> float | None:
+        if self.pid != os.getpid():  # a forked child: the open files are the parent's threads
+            self.pid, self.fds = os.getpid(), {}
+        try:
+            tids = set(os.listdir("/proc/self/task"))
+        except OSError:
+            return None
+        for tid in set(self.fds) - tids:  # threads that exited
+            os.close(self.fds.pop(tid))
+        total, seen = 0, False
+        for tid in tids:
+            try:
+                if tid not in self.fds:
+                    self.fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                total += int(os.pread(self.fds[tid], 128, 0).split()[1])
+                seen = True
+            except (OSError, ValueError, IndexError):  # it exited meanwhile, or no schedstat here
+                continue
+        return total / 1e9 if seen else None
+
+
+run_queue_wait_s = _RunQueueWait()
+"""``run_queue_wait_s() -> float | None``: seconds this process's threads have spent runnable but
+waiting for a core (the second field of Linux's ``/proc/self/task/*/schedstat``), or None where the
+kernel does not say. Sleeping threads do not count: it grows only while other work holds the cores."""
+
+
 def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
-           clock: Callable[[], float] = time.perf_counter) -> Selection:
-    """Choose the fastest of ``n`` candidates by the protocol above."""
+           clock: Callable[[], float] = time.perf_counter,
+           wait_clock: Callable[[], float | None] | None = None) -> Selection:
+    """Choose the fastest of ``n`` candidates by the protocol above; ``wait_clock`` (e.g.
+    :func:`run_queue_wait_s`) turns on the re-taking of contended samples."""
     errors: list[str | None] = [None] * n
     samples: list[list[float]] = [[] for _ in range(n)]
     live = list(range(n))
+    kept = [0.0, 0.0, 0]  # wall seconds and wait seconds of the kept samples, samples re-taken
 
-    def run(i: int, number: int) -> float | None:
+    def uncontended(i: int, number: int) -> float:
+        best = None
+        for attempt in range(1 + protocol.contended_retries):
+            kept[2] += attempt > 0
+            w0 = wait_clock()
+            t = measure(i, number)
+            w1 = wait_clock()
+            wait = (w1 - w0) if w0 is not None and w1 is not None else 0.0
+            if best is None or wait / max(t, 1e-12) < best[1] / max(best[0], 1e-12):
+                best = (t, wait)
+            if wait <= protocol.max_wait_share * t:
+                break
+        kept[0] += best[0]
+        kept[1] += best[1]
+        return best[0]
+
+    def run(i: int, number: int, timed: bool = False) -> float | None:
         try:
-            return measure(i, number)
+            return uncontended(i, number) if timed and wait_clock is not None else measure(i, number)
         except CandidateFailed as exc:
             errors[i] = str(exc)
         except Exception as exc:  # a crash in one candidate must not stop the build
@@ -104,7 +169,7 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
         rounds += 1
         order = live[rounds % len(live):] + live[:rounds % len(live)]
         for i in order:
-            t = run(i, number)
+            t = run(i, number, timed=True)
             if t is not None:
                 samples[i].append(t / number * 1e6)
         if not live:
@@ -122,7 +187,8 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
     medians = [(_median(s) if s and errors[i] is None else None) for i, s in enumerate(samples)]
     best = min(live, key=lambda i: (medians[i], i))
     return Selection(best=best, samples_us=samples, errors=errors, rounds=rounds, number=number,
-                     medians_us=medians)
+                     medians_us=medians, wait_share=round(kept[1] / kept[0], 4) if kept[0] > 0 else 0.0,
+                     retaken=kept[2])
 
 
 def kernel_measure(kernels: list, args: list[torch.Tensor]) -> Measure:

@@ -54,40 +54,68 @@ class CandidateResult:
 UNSTABLE_SPREAD = 0.10
 """A timed candidate whose samples spread more than this (IQR / median) is a noisy measurement."""
 
+UNSTABLE_WAIT = 0.05
+"""Timings whose threads waited for a core (another process held it) longer than this share of
+the timed wall time are contended: a multi-thread candidate looks slower than it runs."""
+
 
 @dataclass(frozen=True)
 class MeasurementQuality:
     """How far one kernel's PGO timings can be trusted.
 
     ``load`` is the 1-minute load average when the kernel was tuned and ``cores`` the cores this
-    process may use; ``spread`` the largest IQR / median of the winner and candidate 0. The
-    timings are ``stable`` when the machine was not oversubscribed (load <= cores) and that spread
-    is at most :data:`UNSTABLE_SPREAD`; otherwise a reported speedup may be noise.
+    process may use; ``spread`` the largest IQR / median of the winner and candidate 0;
+    ``wait_share`` the run-queue wait of this process's threads over the wall time of the kept
+    samples (``autotune.Selection.wait_share``: another process held a core while they were
+    taken). The timings are ``stable`` when the machine was not oversubscribed (load <= cores),
+    that spread is at most :data:`UNSTABLE_SPREAD` and the wait at most :data:`UNSTABLE_WAIT`;
+    otherwise a reported speedup may be noise. The load average is a minute late and the spread
+    misses a neighbour that holds a core the whole time; the wait sees both.
     """
 
     load: float
     cores: int
     spread: float
     stable: bool
+    wait_share: float = 0.0
 
     @staticmethod
-    def assess(results: list[CandidateResult], chosen: int, load: float, cores: int) -> MeasurementQuality:
+    def assess(results: list[CandidateResult], chosen: int, load: float, cores: int,
+               wait_share: float = 0.0) -> MeasurementQuality:
         spreads = [r.rel_spread for r in (results[chosen], results[0]) if r.rel_spread is not None]
         spread = max(spreads, default=0.0)
-        return MeasurementQuality(round(load, 2), cores, round(spread, 4), load <= cores and spread <= UNSTABLE_SPREAD)
+        stable = load <= cores and spread <= UNSTABLE_SPREAD and wait_share <= UNSTABLE_WAIT
+        return MeasurementQuality(round(load, 2), cores, round(spread, 4), stable, round(wait_share, 4))
 
     def describe(self) -> str:
-        return f"load {self.load:.1f} on {self.cores} cores, spread up to {self.spread:.0%}"
+        text = f"load {self.load:.1f} on {self.cores} cores, spread up to {self.spread:.0%}"
+        if self.wait_share > UNSTABLE_WAIT:
+            text += f", threads waited for a core {self.wait_share:.0%} of the time (another process held it)"
+        return text
 
     def to_json(self) -> dict:
-        return {"load": self.load, "cores": self.cores, "spread": self.spread, "stable": self.stable}
+        return {"load": self.load, "cores": self.cores, "spread": self.spread, "stable": self.stable,
+                "wait_share": self.wait_share}
 
     @staticmethod
     def from_json(d) -> MeasurementQuality | None:
         try:
-            return MeasurementQuality(float(d["load"]), int(d["cores"]), float(d["spread"]), bool(d["stable"]))
-        except (KeyError, TypeError, ValueError):
+            return MeasurementQuality(float(d["load"]), int(d["cores"]), float(d["spread"]), bool(d["stable"]),
+                                      float(d.get("wait_share", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
+
+
+def unstable_footnote(qualities, what: str) -> str | None:
+    """The footnote of a build summary whose speedups are marked ``?`` (``what``: "kernel",
+    "tactic step"): how many rows had unstable timings and the worst case; None if none did."""
+    bad = [q for q in qualities if q is not None and not q.stable]
+    if not bad:
+        return None
+    worst = max(bad, key=lambda q: (q.load / q.cores, q.wait_share, q.spread))
+    return (f"? timings of {len(bad)} {what}(s) were unstable ({worst.describe()}): these speedups may be "
+            "noise, not measurements; rebuild on a quiet machine (check `uptime`) with a fresh --cache-dir "
+            "to re-tune")
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ascendc_pack_runtime import manifest as contract
 
 from .candidate import Candidate
+from .choice import unstable_footnote
 from .program import Program
 from .tactic_attnkernel import AttnKernelTactic
 from .tactic_convkernel import ConvKernelTactic
@@ -29,10 +30,13 @@ def tactic_table(choices: dict) -> str:
         best = ch.results[picks[0]].median_us
         c0 = ch.results[0].median_us
         speed = f"{c0 / best:.2f}x" if best and c0 else "-"
+        if ch.quality is not None and not ch.quality.stable:
+            speed += "?"
         uses = f" x{len(ch.uses)}" if len(ch.uses) > 1 else ""
         lines.append(f"{(name + uses)[:44]:<44} {len(ch.candidates):>5} {label[:14]:>14} {_fmt(best)} {_fmt(c0)} "
                      f"{speed:>8} {'yes' if ch.visited else 'no'}")
-    return "\n".join(lines)
+    note = unstable_footnote([ch.quality for ch in choices.values()], "tactic step")
+    return "\n".join(lines + ([note] if note else []))
 
 
 def manifest_tactics(choices: dict) -> tuple[contract.TacticStep, ...]:

@@ -42,7 +42,7 @@ import torch
 from ascendc_pack_runtime.accuracy import check_tensor
 
 from . import tactics as T
-from .autotune import AutotuneError, CandidateFailed, Protocol, select
+from .autotune import AutotuneError, CandidateFailed, Protocol, run_queue_wait_s, select
 from .cache import KernelDir, atomic_write_text, stable_hash
 from .choice import MeasurementQuality, rel_spread
 from .config import BuildConfig, host_cores
@@ -299,7 +299,7 @@ class TacticTuner:
                 runners[0] = self._captured_runner(step, env) or runners[0]
             errors = [r.error for r in ch.results]
             try:
-                sel = select(len(runners), _measure(runners, errors), self.protocol)
+                sel = select(len(runners), _measure(runners, errors), self.protocol, wait_clock=run_queue_wait_s)
             except AutotuneError:
                 sel = None
             for i, r in enumerate(ch.results):
@@ -311,7 +311,11 @@ class TacticTuner:
                          f"Timing = {r.median_us:.2f} us" if r.median_us is not None else f"failed ({r.error})")
             ch.best = sel.best if sel is not None else 0
             if sel is not None:
-                ch.quality = MeasurementQuality.assess(ch.results, ch.best, os.getloadavg()[0], host_cores())
+                ch.quality = MeasurementQuality.assess(ch.results, ch.best, os.getloadavg()[0], host_cores(),
+                                                       sel.wait_share)
+                if not ch.quality.stable:
+                    log.warning("tactic %s: timings are unstable (%s); the choice may be noise: re-tune on a "
+                                "quiet machine", ch.name, ch.quality.describe())
             log.info("Autotune completed tactic %s, best tactic index: %d (%s)", ch.name, ch.best,
                      ch.candidates[ch.best].name)
             self._persist(ch, kd, sel)
@@ -410,7 +414,8 @@ class TacticTuner:
                "best_index": ch.best, "best_key": ch.candidates[ch.best].key,
                "timed_keys": [t.key for t in ch.candidates],
                "protocol": {**self.protocol.to_json(), "rounds": sel.rounds if sel else 0,
-                            "launches_per_sample": sel.number if sel else 0, "timing": "wall-clock",
+                            "launches_per_sample": sel.number if sel else 0,
+                            "contended_samples_retaken": sel.retaken if sel else 0, "timing": "wall-clock",
                             "kernel_threads": "task pool" if self._pool else "OpenMP"},
                "host": host_fingerprint(), "candidates": cands,
                "tactics": [t.to_json() for t in ch.candidates]}

@@ -41,11 +41,11 @@ import torch
 from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.kernels import KernelLoadError
 
-from .autotune import AutotuneError, CandidateFailed, Protocol, select
+from .autotune import AutotuneError, CandidateFailed, Protocol, Selection, run_queue_wait_s, select
 from .backend import Backend, get_backend
 from .cache import atomic_write_text
 from .candidate import Candidate
-from .choice import CandidateResult, KernelChoice, KernelFallback, MeasurementQuality
+from .choice import CandidateResult, KernelChoice, KernelFallback, MeasurementQuality, unstable_footnote
 from .compiler import CompileCounts, host_cpu_flags
 from .config import host_cores
 from .executor import run_model, run_reference_fused
@@ -80,25 +80,19 @@ def summary_table(choices: dict[str, KernelChoice], fallbacks: dict[str, KernelF
     head = f"{'kernel':<44} {'cands':>5} {'best':>4} {'best':>10} {'cand0':>10} {'speedup':>8} visited"
     lines = [head, "-" * len(head)]
     fmt = lambda v: f"{format_us(v):>10}" if v is not None else f"{'-':>10}"  # noqa: E731
-    unstable = []
     for name, ch in choices.items():
         best = ch.results[ch.chosen_index].median_us if ch.results else None
         c0 = ch.results[0].median_us if ch.results else None
         speed = f"{c0 / best:.2f}x" if best and c0 else "-"
         if ch.quality is not None and not ch.quality.stable:
             speed += "?"
-            unstable.append(ch.quality)
         lines.append(f"{name[:44]:<44} {len(ch.results):>5} {ch.chosen_index:>4} {fmt(best)} {fmt(c0)} "
                      f"{speed:>8} {'yes' if ch.visited else 'no'}")
     for name, fb in (fallbacks or {}).items():
         lines.append(f"{name[:44]:<44} {len(fb.results):>5} {'aten':>4} {fmt(None)} {fmt(None)} {'-':>8} "
                      f"{'yes' if fb.visited else 'no'}  (fell back to ATen: {fb.reason})")
-    if unstable:
-        worst = max(unstable, key=lambda q: (q.load / q.cores, q.spread))
-        lines.append(f"? timings of {len(unstable)} kernel(s) were unstable ({worst.describe()}): these "
-                     "speedups may be noise, not measurements; rebuild on a quiet machine (check `uptime`) "
-                     "with a fresh --cache-dir to re-tune")
-    return "\n".join(lines)
+    note = unstable_footnote([ch.quality for ch in choices.values()], "kernel")
+    return "\n".join(lines + ([note] if note else []))
 
 
 def format_us(us: float) -> str:
@@ -277,13 +271,13 @@ class PythonModeModule:
                                 kc.compiled.candidates[i].candidate.optimize_tiling_text, v.message)
             try:
                 sel = select(len(state.runners), _skip_failed(self.backend.timer(state.runners, args), errors),
-                             self.protocol)
+                             self.protocol, wait_clock=run_queue_wait_s)
                 errors = [e or sel.errors[i] for i, e in enumerate(errors)]
             except AutotuneError as exc:  # the candidates that passed verification crashed when timed
                 sel = None
                 errors = [e or f"failed while timed ({exc})" for e in errors]
             self._record(state, sel, errors, verdicts)
-            self._persist(state, timed=True, rounds=sel.rounds if sel else 0, number=sel.number if sel else 0)
+            self._persist(state, timed=True, sel=sel)
         if self.log_progress:
             self.log_progress(kc.name)
 
@@ -309,13 +303,14 @@ class PythonModeModule:
                         "steps (correct, but not a tuned kernel). Reasons are in %s", kc.name, kd.tuning_json)
         else:
             state.chosen = sel.best
-            state.quality = MeasurementQuality.assess(state.results, sel.best, os.getloadavg()[0], host_cores())
+            state.quality = MeasurementQuality.assess(state.results, sel.best, os.getloadavg()[0], host_cores(),
+                                                      sel.wait_share)
             log.info("Autotune completed %s, best kernel index: %d", kc.name, sel.best)
             if not state.quality.stable:
                 log.warning("kernel %s: timings are unstable (%s); the choice may be noise: re-tune on a "
                             "quiet machine", kc.name, state.quality.describe())
 
-    def _persist(self, state: _State, timed: bool, rounds: int = 0, number: int = 0) -> None:
+    def _persist(self, state: _State, timed: bool, sel: Selection | None = None) -> None:
         """Write tuning.json and optimize_tiling atomically (the caller holds compile.lock);
         a fallback removes optimize_tiling (there is no winner)."""
         kc = state.kernel
@@ -332,7 +327,9 @@ class PythonModeModule:
             "fallback": "aten" if state.fallback else None, "fallback_reason": state.fallback,
             "timed_keys": [cc.candidate.kernel_key for cc in kc.compiled.candidates] if timed else
             [chosen.kernel_key],
-            "protocol": {**self.protocol.to_json(), "rounds": rounds, "launches_per_sample": number,
+            "protocol": {**self.protocol.to_json(), "rounds": sel.rounds if sel else 0,
+                         "launches_per_sample": sel.number if sel else 0,
+                         "contended_samples_retaken": sel.retaken if sel else 0,
                          "timing": self.backend.timing}
             if timed else "single candidate: no profiling",
             "host": host_fingerprint(), "candidates": cands,

@@ -6,7 +6,10 @@ Every contender runs ``--calls`` back-to-back calls per round, rounds interleave
 the median per-call wall time and process CPU time, and each contender's ratio to the first one
 (the median over rounds of the per-round ratio, so slow phases of a shared host cancel out).
 ``--ort DIR`` adds ONNX Runtime (spinning off, intra-op threads = usable cores, as in the bench),
-exporting the model to DIR on first use; ratios are then to ONNX Runtime. For a quick check of a
+exporting the model to DIR on first use; ratios are then to ONNX Runtime. ``--one-thread`` also
+times every contender on one thread and prints what the other cores buy each (1-thread wall ÷
+all-cores wall): a contender that gains little from the second core loses little when another
+process takes it, which is what the bench's contention ratio (slowdown ÷ ONNX Runtime's) rewards. For a quick check of a
 change, not a benchmark: ``ascendc-pack bench`` / ``bench/run_all.py`` run each contender in its
 own process.
 
@@ -33,14 +36,14 @@ import torch  # noqa: E402,F401
 from ascendc_pack.loader import load_model_file  # noqa: E402
 
 
-def _ort_runner(model_file: str, out_dir: str, module, inputs):
+def _ort_runner(model_file: str, out_dir: str, module, inputs, threads: int | None = None):
     from ascendc_pack.bench.contenders import _ort_binder, build_artifact
 
     found = sorted(Path(out_dir).glob("*.onnx")) if Path(out_dir).is_dir() else []
     if not found:
         build_artifact("onnx", model_file, out_dir)
         found = sorted(Path(out_dir).glob("*.onnx"))
-    return _ort_binder(str(found[0]), module, len(inputs))(list(inputs))
+    return _ort_binder(str(found[0]), module, len(inputs), threads)(list(inputs))
 
 
 def main(argv=None) -> None:
@@ -50,15 +53,18 @@ def main(argv=None) -> None:
     p.add_argument("--ort", metavar="DIR", help="also time ONNX Runtime (the .onnx is exported to DIR once)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--one-thread", action="store_true", help="also time every contender on one thread")
     args = p.parse_args(argv)
     loaded = load_model_file(args.model_file)
     inputs = loaded.example_inputs
     runs = {}
-    if args.ort:
-        runs["onnxruntime"] = _ort_runner(args.model_file, args.ort, loaded.module, inputs)
-    for b in args.bundles:
-        m = rt.load(b)
-        runs[b] = lambda m=m: m(*inputs)
+    for threads in (None, 1) if args.one_thread else (None,):
+        tag = " (1 thread)" if threads else ""
+        if args.ort:
+            runs["onnxruntime" + tag] = _ort_runner(args.model_file, args.ort, loaded.module, inputs, threads)
+        for b in args.bundles:
+            m = rt.load(b, threads=threads)
+            runs[b + tag] = lambda m=m: m(*inputs)
     for run in runs.values():
         for _ in range(5):
             run()
@@ -81,6 +87,10 @@ def main(argv=None) -> None:
         rc = statistics.median(a / b for a, b in zip(cpu[k], cpu[first]))
         print(f"{k:40s} wall {statistics.median(wall[k]) * 1e3:9.3f} ms  x{rw:5.2f}   "
               f"cpu {statistics.median(cpu[k]) * 1e3:9.3f} ms  x{rc:5.2f}")
+    for k in runs:
+        if k + " (1 thread)" in runs:
+            gain = statistics.median(a / b for a, b in zip(wall[k + " (1 thread)"], wall[k]))
+            print(f"{k:40s} 1 thread ÷ all cores: {gain:.2f}")
 
 
 if __name__ == "__main__":

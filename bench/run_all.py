@@ -160,7 +160,10 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
                             + (f"pinned to core {cfg.get('busy_core')}" if cfg.get("busy_core") is not None
                                else "not pinned") + ", stopped (SIGSTOP) in the quiet phase. Slowdown = busy ÷ "
                             "quiet, paired by round; bundle slowdown ÷ ONNX Runtime slowdown < 1 means the "
-                            "bundle degrades less." if cfg.get("contention") else "not run."),
+                            "bundle degrades less; bundle busy ÷ ONNX Runtime busy (paired by round) < 1 means "
+                            "the bundle is faster while the core is taken. The slowdown ratio favours a "
+                            "contender that gains little from the second core (it has less to lose): both are "
+                            "shown." if cfg.get("contention") else "not run."),
         "- After idle: " + (f"{cfg.get('idle_bursts')} times per contender (order rotated), every process sat "
                             f"idle for {cfg.get('idle_s'):g} s, then one call was timed with no lead-in: the latency "
                             "of a sporadic request. Bundle ÷ best peer after idle is paired by try."
@@ -175,17 +178,20 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
 
 def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[str]]]:
     head = ["model", f".ascpack --topn {topn} ÷ best peer", ".ascpack --topn 1 ÷ best peer", "best peer",
-            f"--topn {topn} slowdown ÷ ORT slowdown", f"--topn {topn} after idle ÷ best peer",
+            f"--topn {topn} slowdown ÷ ORT slowdown", f"--topn {topn} busy ÷ ORT busy",
+            f"--topn {topn} after idle ÷ best peer",
             "bundle build ÷ AOTI compile"]
     rows = []
     for r in results:
         bp = r.get("best_peer", {})
         peer = next((s["peer"] for s in bp.values()), None)
         vs = (r.get("contention") or {}).get("vs_ort", {})
+        busy = (r.get("contention") or {}).get("busy_vs_ort", {})
         idle = (r.get("after_idle") or {}).get("vs_best", {})
         build = report.build_row(r)
         rows.append([r["name"], report.fmt_spread(bp.get("bundleN")), report.fmt_spread(bp.get("bundle1")),
                      bench.label(peer, topn) if peer else "-", report.fmt_spread(vs.get("bundleN") or vs.get("bundle1")),
+                     report.fmt_spread(busy.get("bundleN") or busy.get("bundle1")),
                      report.fmt_spread(idle.get("bundleN") or idle.get("bundle1")), build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
     return head, rows
 

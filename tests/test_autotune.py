@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+import time
 
 import pytest
 
-from ascendc_pack.autotune import AutotuneError, CandidateFailed, Protocol, select
+from ascendc_pack.autotune import AutotuneError, CandidateFailed, Protocol, run_queue_wait_s, select
+from ascendc_pack.candidate import Candidate
+from ascendc_pack.choice import CandidateResult, MeasurementQuality
+from ascendc_pack.config import host_cores
 
 FAST = Protocol(warmup=1, min_rounds=5, max_rounds=30, noise=0.02, time_cap_s=10.0, min_sample_us=0.0)
 
@@ -87,3 +93,72 @@ def test_time_cap_stops_measuring():
     sel = select(2, fake({0: 10.0, 1: 10.0}), Protocol(warmup=1, min_rounds=3, max_rounds=1000, time_cap_s=1.0,
                                                          min_sample_us=0.0), clock=lambda: next(clock))
     assert sel.rounds == 3
+
+
+def contended_fake(times_us: dict, contended):
+    """A measure whose launches of candidate i at call n are twice as slow, with this process's
+    threads waiting for a core half of that time, when ``contended(i, n)``; and its wait clock."""
+    waited = [0.0]
+    counter = itertools.count()
+
+    def measure(i, number):
+        t = times_us[i] * number * 1e-6
+        if contended(i, next(counter)):
+            waited[0] += t
+            t *= 2
+        return t
+
+    return measure, lambda: waited[0]
+
+
+def test_contended_samples_are_taken_again():
+    """Another process holding a core in every other sample of the 2-thread candidate made it look
+    slower than the 1-thread one; re-taken samples keep the measurement clean."""
+    times = {0: 10.0, 1: 12.0}
+    measure, wait_clock = contended_fake(times, lambda i, n: i == 0 and n % 2 == 1)
+    sel = select(2, measure, FAST, wait_clock=wait_clock)
+    assert sel.best == 0 and sel.medians_us[0] == pytest.approx(10.0)
+    assert sel.retaken > 0 and sel.wait_share == 0.0
+    blind = select(2, contended_fake(times, lambda i, n: i == 0 and n % 2 == 1)[0],
+                   Protocol(warmup=0, min_rounds=6, max_rounds=6, min_sample_us=0.0))
+    assert blind.medians_us[0] > 12.0 and blind.best == 1   # without the wait clock: the wrong choice
+
+
+def test_persistent_contention_is_measured_and_flagged():
+    measure, wait_clock = contended_fake({0: 10.0, 1: 12.0}, lambda i, n: True)
+    sel = select(2, measure, FAST, wait_clock=wait_clock)
+    assert sel.wait_share == pytest.approx(0.5) and sel.retaken == 2 * sum(len(s) for s in sel.samples_us)
+    results = [CandidateResult(Candidate(f"t={i}", 0, 1), m, s) for i, (m, s) in enumerate(zip(sel.medians_us,
+                                                                                                sel.samples_us))]
+    quality = MeasurementQuality.assess(results, sel.best, 0.5, 2, sel.wait_share)
+    assert not quality.stable
+    assert "threads waited for a core 50% of the time (another process held it)" in quality.describe()
+    assert MeasurementQuality.from_json(quality.to_json()) == quality
+    old_record = {"load": 0.5, "cores": 2, "spread": 0.01, "stable": True}   # written before wait_share
+    assert MeasurementQuality.from_json(old_record).wait_share == 0.0
+
+
+def test_no_wait_clock_measures_each_sample_once():
+    measure, _ = contended_fake({0: 10.0, 1: 12.0}, lambda i, n: True)
+    sel = select(2, measure, FAST)
+    assert sel.retaken == 0 and sel.wait_share == 0.0
+
+
+@pytest.mark.skipif(run_queue_wait_s() is None, reason="the kernel reports no run-queue wait (not Linux)")
+def test_run_queue_wait_grows_only_when_the_cores_are_taken():
+    """For real: with one spinning process per core besides this one, this thread waits for a core."""
+    def busy(seconds):
+        w0, t0 = run_queue_wait_s(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            pass
+        return run_queue_wait_s() - w0, time.perf_counter() - t0
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(host_cores())]
+    try:
+        time.sleep(0.2)
+        waited, wall = busy(0.6)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert waited > 0.1 * wall, (waited, wall)   # fair share: about a third of the time

@@ -243,10 +243,12 @@ def test_contention_slowdowns(tmp_path):
     assert c["slowdown"]["ort"]["median"] == pytest.approx(2.0)
     assert c["slowdown"]["bundleN"]["median"] == pytest.approx(1.5)
     assert c["vs_ort"]["bundleN"]["median"] == pytest.approx(0.75)
+    assert c["busy_vs_ort"]["bundleN"]["median"] == pytest.approx(0.6)
     text = bench.format_report(result)
     assert ".ascpack --topn 4 slowdown ÷ ONNX Runtime slowdown: 0.75" in text
+    assert "busy latency ÷ ONNX Runtime busy latency: 0.60" in text
     no_ort = contention.slowdowns({"bundleN": [1.0] * 3}, {"bundleN": [2.0] * 3}, bench.BUNDLES)
-    assert no_ort["vs_ort"] == {} and no_ort["slowdown"]["bundleN"]["median"] == 2.0
+    assert no_ort["vs_ort"] == {} == no_ort["busy_vs_ort"] and no_ort["slowdown"]["bundleN"]["median"] == 2.0
 
 
 def test_noisy_kernel_timings_give_no_bandwidth_or_percentage(monkeypatch):

@@ -59,6 +59,44 @@ def test_timing_stops_early_only_when_every_round_agrees_by_a_wide_margin(per_ro
     assert ct.settled(per_round) is done
 
 
+@pytest.mark.parametrize("samples, kept", [
+    ([(100.0, 0.5), (60.0, 0.01)], (60.0, 0.01)),                 # contended, then a clean retake
+    ([(100.0, 0.5), (90.0, 0.3), (95.0, 0.4)], (90.0, 0.3)),      # contended throughout: the least
+    ([(70.0, 0.0)], (70.0, 0.0))])                                # clean at once: no retake
+def test_a_sample_taken_while_another_process_held_a_core_is_taken_again(monkeypatch, samples, kept):
+    script = iter(samples)
+    monkeypatch.setattr(ct, "_sample", lambda *a: next(script))
+    assert ct._time_round(None, [], {}) == kept
+    assert next(script, None) is None   # no more samples than needed
+
+
+class _FakeModel:
+    class contract:
+        mutations = ()
+
+    def __init__(self, threads):
+        self.threads = threads
+
+    def close(self):
+        pass
+
+
+def test_contended_timings_record_no_cap_and_are_not_cached(monkeypatch, tmp_path):
+    """One thread has no teammate to wait for, so with a core taken it wins: that must not cap
+    the bundle, nor stay in the cache."""
+    monkeypatch.setattr(rt, "load", lambda path, threads: _FakeModel(threads))
+    medians, waits = {2: 100.0, 1: 50.0}, {2: 0.0, 1: 0.0}
+    monkeypatch.setattr(ct, "_time_round", lambda m, args, restore: (medians[m.threads], waits[m.threads]))
+    record, wait = ct.measure(tmp_path / "x.ascpack", (), 2)
+    assert record.cap == 1 and wait == 0.0                   # quiet: one thread clearly faster
+    waits[1] = 0.4
+    record, wait = ct.measure(tmp_path / "x.ascpack", (), 2)
+    assert record.cap is None and wait == 0.4 and dict(record.candidates) == {2: 100.0, 1: 50.0}
+    monkeypatch.setattr(ct, "measure", lambda *a: (record, 0.4))
+    assert ct.tune_call_threads(tmp_path / "x.ascpack", (), 2, tmp_path / "cache", "graph") == record
+    assert not (tmp_path / "cache" / ct.CACHE_SUBDIR).exists()   # the next build times again
+
+
 def test_the_record_round_trips_and_bad_records_name_the_field():
     rec = CallThreads(1, ((2, 3340.5), (1, 1580.25)))
     assert CallThreads.from_json(json.loads(json.dumps(rec.to_json()))) == rec
@@ -97,7 +135,8 @@ def test_the_record_names_its_host_and_a_cap_carries_over_only_to_a_host_like_it
 
 
 @pytest.mark.skipif(host_cores() < 2, reason="a thread cap needs 2 usable cores")
-def test_a_tuned_build_times_every_cap_records_it_and_the_runtime_applies_it(tmp_path):
+def test_a_tuned_build_times_every_cap_records_it_and_the_runtime_applies_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(ct, "run_queue_wait_s", lambda: 0.0)   # a busy CI host must not skip the cache
     cache = tmp_path / "cache"
     out = tmp_path / "small.ascpack"
     result = build(Small(), _inputs(), topn=2, output=out, cache_dir=cache, cores=2)

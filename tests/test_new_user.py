@@ -4,6 +4,7 @@ honest timings and the CLI details."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -136,6 +137,27 @@ def test_unstable_timings_are_flagged_not_claimed():
     text = summary_table({"fused_k": _choice([11818.0, 22.8], noisy, q_bad)})
     assert "518.33x?" in text and "unstable (load 9.5 on 2 cores" in text and "11.82 ms" in text
     assert "?" not in summary_table({"fused_k": _choice([10.0, 9.0], quiet, q_ok)}).splitlines()[-1]
+
+
+def test_contended_tactic_timings_are_flagged_not_claimed():
+    """A neighbour holding a core while a GEMM's candidates were timed made a 1-thread candidate
+    win (mlp, 2026-12-04): the tactic summary marks such a choice and says why."""
+    from types import SimpleNamespace
+
+    from ascendc_pack.tactic_report import tactic_table
+    from ascendc_pack.tactic_tune import TacticChoice, TacticResult
+
+    samples = [[5000.0, 5010.0, 4990.0, 5005.0], [3900.0, 3910.0, 3890.0, 3905.0]]
+    results = [TacticResult(i, f"k{i}", n, statistics.median(x), x) for i, (n, x) in enumerate(zip(("aten", "gemm#1"), samples))]
+    contended = MeasurementQuality.assess(results, 1, 0.4, 2, wait_share=0.45)
+    assert not contended.stable and contended.spread < 0.01   # steady timings: only the wait tells
+    ch = TacticChoice("linear_m256", "linear", {}, [SimpleNamespace(name="aten"), SimpleNamespace(name="gemm#1")],
+                      results, best=1, visited=True, quality=contended, uses=[{"chosen_index": 1}])
+    text = tactic_table({"linear_m256": ch})
+    assert "1.28x?" in text
+    assert "? timings of 1 tactic step(s) were unstable" in text and "waited for a core 45% of the time" in text
+    ch.quality = MeasurementQuality.assess(results, 1, 0.4, 2, wait_share=0.001)
+    assert "?" not in tactic_table({"linear_m256": ch})
 
 
 def test_format_us():

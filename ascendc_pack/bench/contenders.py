@@ -257,15 +257,15 @@ class Contender:
             return {"ok": False, "error": reason(exc)}
 
 
-def _ort_binder(artifact: str, module: torch.nn.Module, n_inputs: int):
-    """ONNX Runtime session (intra-op threads = usable cores, spinning off) and a binder of
-    input tensors (numpy views) to it."""
+def _ort_binder(artifact: str, module: torch.nn.Module, n_inputs: int, threads: int | None = None):
+    """ONNX Runtime session (intra-op threads = ``threads``, default the usable cores; spinning
+    off) and a binder of input tensors (numpy views) to it."""
     import inspect
 
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = host_cores()
+    opts.intra_op_num_threads = threads or host_cores()
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")

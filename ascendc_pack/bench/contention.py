@@ -69,11 +69,16 @@ class Spinner:
 
 
 def slowdowns(quiet: dict[str, list[float]], busy: dict[str, list[float]], bundles, reference: str = "ort") -> dict:
-    """Per contender the busy ÷ quiet slowdown (paired by round), and per bundle its slowdown ÷
-    the ``reference`` contender's (paired by round too; < 1: the bundle degrades less).
+    """Per contender the busy ÷ quiet slowdown (paired by round); per bundle its slowdown ÷ the
+    ``reference`` contender's (``vs_<reference>``, paired by round too; < 1: the bundle degrades
+    less) and its busy latency ÷ the reference's busy latency (``busy_vs_<reference>``; < 1: the
+    bundle is faster with the core taken).
+
+    The slowdown ratio alone favours a contender that scales badly: one that gains little from
+    the second core loses little when it is taken (docs/PERFORMANCE.md), so both are reported.
 
     ``quiet`` / ``busy``: per contender id, its per-round medians (same rounds in both)."""
-    out: dict = {"slowdown": {}, "vs_" + reference: {}}
+    out: dict = {"slowdown": {}, "vs_" + reference: {}, "busy_vs_" + reference: {}}
     for cid in quiet:
         s = paired_ratio(busy.get(cid, []), quiet[cid])
         if s is not None:
@@ -83,7 +88,8 @@ def slowdowns(quiet: dict[str, list[float]], busy: dict[str, list[float]], bundl
         for cid in bundles:
             if cid in quiet and cid in busy:
                 mine = [b / q for b, q in zip(busy[cid], quiet[cid])]
-                s = paired_ratio(mine, ref)
-                if s is not None:
-                    out["vs_" + reference][cid] = s.to_json()
+                for key, s in (("vs_", paired_ratio(mine, ref)),
+                               ("busy_vs_", paired_ratio(busy[cid], busy[reference]))):
+                    if s is not None:
+                        out[key + reference][cid] = s.to_json()
     return out

@@ -115,10 +115,13 @@ def contention_rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def contention_lines(result: dict) -> list[str]:
-    """``bundle slowdown ÷ ONNX Runtime slowdown`` per bundle (< 1: the bundle degrades less)."""
+    """Per bundle ``slowdown ÷ ONNX Runtime slowdown`` (< 1: the bundle degrades less) and
+    ``busy ÷ ONNX Runtime busy`` (< 1: the bundle is faster while the core is taken)."""
     c = result["contention"] or {}
     topn = result["config"]["topn"]
+    busy = c.get("busy_vs_ort", {})
     lines = [f"{label(b, topn)} slowdown ÷ ONNX Runtime slowdown: {fmt_spread(s)}"
+             + (f"; busy latency ÷ ONNX Runtime busy latency: {fmt_spread(busy[b])}" if b in busy else "")
              for b, s in c.get("vs_ort", {}).items()]
     return lines or ["bundle slowdown ÷ ONNX Runtime slowdown: - (needs a bundle and ONNX Runtime timed)"]
 
