@@ -6,15 +6,15 @@ first); each sample times ``number`` back-to-back launches, calibrated so a samp
 least ``min_sample_us``. After ``min_rounds`` the medians decide, unless the best two are
 within ``noise`` of each other: then rounds go on up to ``max_rounds`` or ``time_cap_s``.
 Ties keep the lower index. A candidate whose launch raises is recorded as failed and never
-chosen; if all fail, :class:`AutotuneError` is raised.
+chosen; if all fail, :class:`AutotuneError` is raised. (Before timing, :mod:`ascendc_pack.verify`
+checks every candidate's outputs; the tune stage passes only the ones that passed.)
 
 Another process can take a core in the middle of a sample (a busy build host): a multi-thread
 candidate then waits for its straggler and looks slower than it is. With a ``wait_clock`` (the
 run-queue wait of this process's threads, :func:`run_queue_wait_s`) a sample during which the
 threads waited for a core longer than ``max_wait_share`` of it is taken again, up to
 ``contended_retries`` times, and the least contended one is kept; ``Selection.wait_share`` says
-how contended the kept samples still were (``MeasurementQuality`` flags the choice). (Before timing, :mod:`ascendc_pack.verify`
-checks every candidate's outputs; the tune stage passes only the ones that passed.)
+how contended the kept samples still were (``MeasurementQuality`` flags the choice).
 
 ``select`` takes a ``measure(index, number) -> seconds`` callable, so the logic is tested with
 an injected fake timer; :func:`kernel_measure` builds the real one for a compiled kernel.
@@ -126,23 +126,26 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
     errors: list[str | None] = [None] * n
     samples: list[list[float]] = [[] for _ in range(n)]
     live = list(range(n))
-    kept = [0.0, 0.0, 0]  # wall seconds and wait seconds of the kept samples, samples re-taken
+    kept_s = waited_s = 0.0  # wall and run-queue wait seconds of the kept samples
+    retaken = 0
 
     def uncontended(i: int, number: int) -> float:
-        best = None
+        """One sample of candidate ``i``: the least contended of up to 1 + contended_retries."""
+        nonlocal kept_s, waited_s, retaken
+        best = None  # (share, seconds, waited)
         for attempt in range(1 + protocol.contended_retries):
-            kept[2] += attempt > 0
+            retaken += attempt > 0
             w0 = wait_clock()
             t = measure(i, number)
             w1 = wait_clock()
-            wait = (w1 - w0) if w0 is not None and w1 is not None else 0.0
-            if best is None or wait / max(t, 1e-12) < best[1] / max(best[0], 1e-12):
-                best = (t, wait)
-            if wait <= protocol.max_wait_share * t:
+            waited = w1 - w0 if w0 is not None and w1 is not None else 0.0
+            sample = (waited / max(t, 1e-12), t, waited)
+            best = sample if best is None or sample < best else best
+            if best[0] <= protocol.max_wait_share:
                 break
-        kept[0] += best[0]
-        kept[1] += best[1]
-        return best[0]
+        kept_s += best[1]
+        waited_s += best[2]
+        return best[1]
 
     def run(i: int, number: int, timed: bool = False) -> float | None:
         try:
@@ -187,8 +190,8 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
     medians = [(_median(s) if s and errors[i] is None else None) for i, s in enumerate(samples)]
     best = min(live, key=lambda i: (medians[i], i))
     return Selection(best=best, samples_us=samples, errors=errors, rounds=rounds, number=number,
-                     medians_us=medians, wait_share=round(kept[1] / kept[0], 4) if kept[0] > 0 else 0.0,
-                     retaken=kept[2])
+                     medians_us=medians, wait_share=round(waited_s / kept_s, 4) if kept_s > 0 else 0.0,
+                     retaken=retaken)
 
 
 def kernel_measure(kernels: list, args: list[torch.Tensor]) -> Measure:

@@ -104,6 +104,8 @@ def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[fl
 
 
 def _sample(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[float, float]:
+    """Median µs of about :data:`SAMPLE_S` of calls after a lead-in, and the run-queue wait of
+    this process's threads over that wall time."""
 
     def call() -> float:
         for i, t in restore.items():  # a model that mutates its inputs sees the same values every call
