@@ -10,20 +10,22 @@ chosen; if all fail, :class:`AutotuneError` is raised. (Before timing, :mod:`asc
 checks every candidate's outputs; the tune stage passes only the ones that passed.)
 
 Another process can take a core in the middle of a sample (a busy build host): a multi-thread
-candidate then waits for its straggler and looks slower than it is. With a ``wait_clock`` (the
-run-queue wait of this process's threads, :func:`run_queue_wait_s`) a sample during which the
-threads waited for a core longer than ``max_wait_share`` of it is taken again, up to
+candidate then waits for its straggler and looks slower than it is. With a ``contention`` clock
+(:data:`contention_clock`) a sample during which this process's threads were preempted and
+waited for a core longer than ``max_wait_share`` of it is taken again, up to
 ``contended_retries`` times, and the least contended one is kept; ``Selection.wait_share`` says
-how contended the kept samples still were (``MeasurementQuality`` flags the choice).
-
-``select`` takes a ``measure(index, number) -> seconds`` callable, so the logic is tested with
-an injected fake timer; :func:`kernel_measure` builds the real one for a compiled kernel.
+how contended the kept samples still were (``MeasurementQuality`` flags the choice). Launches
+shorter than ``contended_min_launch_us`` are not judged: a 2-thread launch of a few µs is
+dominated by its own threads' wake-up and placement (a woken thread put on its caller's core
+preempts it), which looks like contention on a quiet host; a neighbour's millisecond slices
+matter for the long launches, where thread counts are decided.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -58,6 +60,8 @@ class Protocol:
                                     # for slow references, see verify.TIMEOUT_PER_REFERENCE)
     max_wait_share: float = 0.05   # a sample whose threads waited for a core longer than this share
     contended_retries: int = 2     # of it is contended: taken again up to this many times
+    contended_min_launch_us: float = 50.0  # shorter launches are not judged: their own threads'
+                                           # wake-ups and placement look like contention
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -73,7 +77,7 @@ class Selection:
     rounds: int
     number: int = 1
     medians_us: list[float | None] = field(default_factory=list)
-    wait_share: float = 0.0         # run-queue wait ÷ wall time over the kept samples (0: no wait_clock)
+    wait_share: float = 0.0         # contended run-queue wait ÷ wall time of the kept samples
     retaken: int = 0                # contended samples taken again
 
 
@@ -84,14 +88,17 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-class _RunQueueWait:
-    """Reads ``/proc/self/task/<tid>/schedstat`` of every thread, keeping each file open (about
-    10 µs a read for a few threads instead of 70 µs opening them: it runs around every sample)."""
+class _ContentionClock:
+    """``() -> (seconds, preemptions) | None``: how long this process's threads have waited on a
+    run queue (the second field of Linux's ``/proc/self/task/*/schedstat``, sleeping threads do not
+    count) and how often they were preempted (``getrusage``'s involuntary context switches); None
+    where the kernel does not say. Each thread's file stays open: about 10 µs a reading for a few
+    threads instead of 70 µs opening them (it runs around every PGO sample)."""
 
     def __init__(self):
         self.pid, self.fds = None, {}
 
-    def __call__(self) -> float | None:
+    def __call__(self) -> tuple[float, int] | None:
         if self.pid != os.getpid():  # a forked child: the open files are the parent's threads
             self.pid, self.fds = os.getpid(), {}
         try:
@@ -109,20 +116,27 @@ class _RunQueueWait:
                 seen = True
             except (OSError, ValueError, IndexError):  # it exited meanwhile, or no schedstat here
                 continue
-        return total / 1e9 if seen else None
+        return (total / 1e9, resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw) if seen else None
 
 
-run_queue_wait_s = _RunQueueWait()
-"""``run_queue_wait_s() -> float | None``: seconds this process's threads have spent runnable but
-waiting for a core (the second field of Linux's ``/proc/self/task/*/schedstat``), or None where the
-kernel does not say. Sleeping threads do not count: it grows only while other work holds the cores."""
+contention_clock = _ContentionClock()
+
+
+def contended_wait(before, after) -> float:
+    """The run-queue wait between two :data:`contention_clock` readings that other work caused:
+    the wait if a thread of this process was preempted in between, else 0 (also when a reading is
+    None). A thread woken on an idle vCPU waits too - for the hypervisor to resume the vCPU, up to
+    ~40 µs on a KVM guest, a third of a small OpenMP kernel's sample - but nothing preempts it."""
+    if before is None or after is None or after[1] == before[1]:
+        return 0.0
+    return max(0.0, after[0] - before[0])
 
 
 def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
            clock: Callable[[], float] = time.perf_counter,
-           wait_clock: Callable[[], float | None] | None = None) -> Selection:
-    """Choose the fastest of ``n`` candidates by the protocol above; ``wait_clock`` (e.g.
-    :func:`run_queue_wait_s`) turns on the re-taking of contended samples."""
+           contention: Callable[[], tuple[float, int] | None] | None = None) -> Selection:
+    """Choose the fastest of ``n`` candidates by the protocol above; ``contention`` (e.g.
+    :data:`contention_clock`) turns on the re-taking of contended samples."""
     errors: list[str | None] = [None] * n
     samples: list[list[float]] = [[] for _ in range(n)]
     live = list(range(n))
@@ -135,10 +149,9 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
         best = None  # (share, seconds, waited)
         for attempt in range(1 + protocol.contended_retries):
             retaken += attempt > 0
-            w0 = wait_clock()
+            c0 = contention()
             t = measure(i, number)
-            w1 = wait_clock()
-            waited = w1 - w0 if w0 is not None and w1 is not None else 0.0
+            waited = contended_wait(c0, contention()) if t >= protocol.contended_min_launch_us * 1e-6 * number else 0.0
             sample = (waited / max(t, 1e-12), t, waited)
             best = sample if best is None or sample < best else best
             if best[0] <= protocol.max_wait_share:
@@ -149,7 +162,7 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
 
     def run(i: int, number: int, timed: bool = False) -> float | None:
         try:
-            return uncontended(i, number) if timed and wait_clock is not None else measure(i, number)
+            return uncontended(i, number) if timed and contention is not None else measure(i, number)
         except CandidateFailed as exc:
             errors[i] = str(exc)
         except Exception as exc:  # a crash in one candidate must not stop the build

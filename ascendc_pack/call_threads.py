@@ -16,7 +16,7 @@ again.
 
 Another process holding a core while the caps are timed favours the one-thread call (it has no
 teammate to wait for), and a cap recorded then would halve the bundle's speed on a quiet host. So
-each sample's run-queue wait is measured (``autotune.run_queue_wait_s``); a contended sample is
+each sample's contended run-queue wait is measured (``autotune.contended_wait``); a contended sample is
 taken again (up to :data:`RETAKES` times), and if the kept samples are still contended no cap is
 recorded and nothing is cached: the next build times again.
 """
@@ -35,7 +35,7 @@ from ascendc_pack_runtime.errors import BundleError
 from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.manifest_tactics import CallThreads
 
-from .autotune import run_queue_wait_s
+from .autotune import Protocol, contended_wait, contention_clock
 from .bench.stats import lead_in
 from .cache import atomic_write_text, stable_hash
 from .choice import UNSTABLE_WAIT
@@ -104,8 +104,9 @@ def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[fl
 
 
 def _sample(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[float, float]:
-    """Median µs of about :data:`SAMPLE_S` of calls after a lead-in, and the run-queue wait of
-    this process's threads over that wall time."""
+    """Median µs of about :data:`SAMPLE_S` of calls after a lead-in, and the contended run-queue
+    wait of this process's threads over that wall time (0 for calls shorter than
+    ``Protocol.contended_min_launch_us``, as in PGO)."""
 
     def call() -> float:
         for i, t in restore.items():  # a model that mutates its inputs sees the same values every call
@@ -115,11 +116,12 @@ def _sample(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[float,
         return (time.perf_counter_ns() - t0) / 1e3
 
     lead_in(call, LEAD_IN_S * 1e6)
-    times, waited, start = [], run_queue_wait_s(), time.perf_counter()
+    times, before, start = [], contention_clock(), time.perf_counter()
     while len(times) < 3 or time.perf_counter() - start < SAMPLE_S:
         times.append(call())
-    wall, now = time.perf_counter() - start, run_queue_wait_s()
-    return statistics.median(times), (now - waited) / wall if waited is not None and now is not None else 0.0
+    wall, median_us = time.perf_counter() - start, statistics.median(times)
+    waited = contended_wait(before, contention_clock()) if median_us >= Protocol.contended_min_launch_us else 0.0
+    return median_us, waited / wall
 
 
 def measure(bundle: Path, inputs: tuple, cores: int, rounds: int = ROUNDS) -> tuple[CallThreads, float]:

@@ -42,7 +42,7 @@ import torch
 from ascendc_pack_runtime.accuracy import check_tensor
 
 from . import tactics as T
-from .autotune import AutotuneError, CandidateFailed, Protocol, run_queue_wait_s, select
+from .autotune import AutotuneError, CandidateFailed, Protocol, contention_clock, select
 from .cache import KernelDir, atomic_write_text, stable_hash
 from .choice import MeasurementQuality, rel_spread
 from .config import BuildConfig, host_cores
@@ -299,7 +299,7 @@ class TacticTuner:
                 runners[0] = self._captured_runner(step, env) or runners[0]
             errors = [r.error for r in ch.results]
             try:
-                sel = select(len(runners), _measure(runners, errors), self.protocol, wait_clock=run_queue_wait_s)
+                sel = select(len(runners), _measure(runners, errors), self.protocol, contention=contention_clock)
             except AutotuneError:
                 sel = None
             for i, r in enumerate(ch.results):

@@ -41,7 +41,7 @@ import torch
 from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.kernels import KernelLoadError
 
-from .autotune import AutotuneError, CandidateFailed, Protocol, Selection, run_queue_wait_s, select
+from .autotune import AutotuneError, CandidateFailed, Protocol, Selection, contention_clock, select
 from .backend import Backend, get_backend
 from .cache import atomic_write_text
 from .candidate import Candidate
@@ -271,7 +271,7 @@ class PythonModeModule:
                                 kc.compiled.candidates[i].candidate.optimize_tiling_text, v.message)
             try:
                 sel = select(len(state.runners), _skip_failed(self.backend.timer(state.runners, args), errors),
-                             self.protocol, wait_clock=run_queue_wait_s)
+                             self.protocol, contention=contention_clock)
                 errors = [e or sel.errors[i] for i, e in enumerate(errors)]
             except AutotuneError as exc:  # the candidates that passed verification crashed when timed
                 sel = None

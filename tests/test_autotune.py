@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ascendc_pack.autotune import AutotuneError, CandidateFailed, Protocol, run_queue_wait_s, select
+from ascendc_pack.autotune import (AutotuneError, CandidateFailed, Protocol, contended_wait, contention_clock,
+                                   select)
 from ascendc_pack.candidate import Candidate
 from ascendc_pack.choice import CandidateResult, MeasurementQuality
 from ascendc_pack.config import host_cores
@@ -97,36 +98,38 @@ def test_time_cap_stops_measuring():
 
 def contended_fake(times_us: dict, contended):
     """A measure whose launches of candidate i at call n are twice as slow, with this process's
-    threads waiting for a core half of that time, when ``contended(i, n)``; and its wait clock."""
-    waited = [0.0]
+    threads preempted and waiting for a core half of that time, when ``contended(i, n)``; and its
+    contention clock."""
+    clock = [0.0, 0]
     counter = itertools.count()
 
     def measure(i, number):
         t = times_us[i] * number * 1e-6
         if contended(i, next(counter)):
-            waited[0] += t
+            clock[0] += t
+            clock[1] += 1
             t *= 2
         return t
 
-    return measure, lambda: waited[0]
+    return measure, lambda: tuple(clock)
 
 
 def test_contended_samples_are_taken_again():
     """Another process holding a core in every other sample of the 2-thread candidate made it look
     slower than the 1-thread one; re-taken samples keep the measurement clean."""
-    times = {0: 10.0, 1: 12.0}
-    measure, wait_clock = contended_fake(times, lambda i, n: i == 0 and n % 2 == 1)
-    sel = select(2, measure, FAST, wait_clock=wait_clock)
-    assert sel.best == 0 and sel.medians_us[0] == pytest.approx(10.0)
+    times = {0: 100.0, 1: 120.0}
+    measure, clock = contended_fake(times, lambda i, n: i == 0 and n % 2 == 1)
+    sel = select(2, measure, FAST, contention=clock)
+    assert sel.best == 0 and sel.medians_us[0] == pytest.approx(100.0)
     assert sel.retaken > 0 and sel.wait_share == 0.0
     blind = select(2, contended_fake(times, lambda i, n: i == 0 and n % 2 == 1)[0],
                    Protocol(warmup=0, min_rounds=6, max_rounds=6, min_sample_us=0.0))
-    assert blind.medians_us[0] > 12.0 and blind.best == 1   # without the wait clock: the wrong choice
+    assert blind.medians_us[0] > 120.0 and blind.best == 1   # without the clock: the wrong choice
 
 
 def test_persistent_contention_is_measured_and_flagged():
-    measure, wait_clock = contended_fake({0: 10.0, 1: 12.0}, lambda i, n: True)
-    sel = select(2, measure, FAST, wait_clock=wait_clock)
+    measure, clock = contended_fake({0: 100.0, 1: 120.0}, lambda i, n: True)
+    sel = select(2, measure, FAST, contention=clock)
     assert sel.wait_share == pytest.approx(0.5) and sel.retaken == 2 * sum(len(s) for s in sel.samples_us)
     results = [CandidateResult(Candidate(f"t={i}", 0, 1), m, s) for i, (m, s) in enumerate(zip(sel.medians_us,
                                                                                                 sel.samples_us))]
@@ -138,20 +141,35 @@ def test_persistent_contention_is_measured_and_flagged():
     assert MeasurementQuality.from_json(old_record).wait_share == 0.0
 
 
-def test_no_wait_clock_measures_each_sample_once():
-    measure, _ = contended_fake({0: 10.0, 1: 12.0}, lambda i, n: True)
+def test_no_contention_clock_measures_each_sample_once():
+    measure, _ = contended_fake({0: 100.0, 1: 120.0}, lambda i, n: True)
     sel = select(2, measure, FAST)
     assert sel.retaken == 0 and sel.wait_share == 0.0
 
 
-@pytest.mark.skipif(run_queue_wait_s() is None, reason="the kernel reports no run-queue wait (not Linux)")
-def test_run_queue_wait_grows_only_when_the_cores_are_taken():
-    """For real: with one spinning process per core besides this one, this thread waits for a core."""
+def test_short_launches_are_not_judged():
+    """A few-µs 2-thread launch waits for its own woken thread; that is its cost, not a neighbour."""
+    measure, clock = contended_fake({0: 10.0, 1: 12.0}, lambda i, n: True)
+    sel = select(2, measure, FAST, contention=clock)
+    assert sel.retaken == 0 and sel.wait_share == 0.0
+
+
+def test_a_wait_without_a_preemption_is_not_contention():
+    """A thread woken on an idle KVM vCPU waits for the hypervisor, not for another process."""
+    assert contended_wait((1.0, 5), (1.5, 5)) == 0.0
+    assert contended_wait((1.0, 5), (1.5, 6)) == pytest.approx(0.5)
+    assert contended_wait(None, (1.5, 6)) == 0.0 == contended_wait((1.0, 5), None)
+
+
+@pytest.mark.skipif(contention_clock() is None, reason="the kernel reports no run-queue wait (not Linux)")
+def test_the_contention_clock_sees_cores_taken_by_other_processes():
+    """For real: with one spinning process per core besides this one, this thread is preempted
+    and waits for a core."""
     def busy(seconds):
-        w0, t0 = run_queue_wait_s(), time.perf_counter()
+        c0, t0 = contention_clock(), time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             pass
-        return run_queue_wait_s() - w0, time.perf_counter() - t0
+        return contended_wait(c0, contention_clock()), time.perf_counter() - t0
 
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(host_cores())]
     try:
