@@ -19,6 +19,9 @@ shorter than ``contended_min_launch_us`` are not judged: a 2-thread launch of a 
 dominated by its own threads' wake-up and placement (a woken thread put on its caller's core
 preempts it), which looks like contention on a quiet host; a neighbour's millisecond slices
 matter for the long launches, where thread counts are decided.
+
+``select`` takes a ``measure(index, number) -> seconds`` callable, so the logic is tested with
+an injected fake timer; :func:`kernel_measure` builds the real one for a compiled kernel.
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
             retaken += attempt > 0
             c0 = contention()
             t = measure(i, number)
-            waited = contended_wait(c0, contention()) if t >= protocol.contended_min_launch_us * 1e-6 * number else 0.0
+            judged = t >= protocol.contended_min_launch_us * 1e-6 * number
+            waited = contended_wait(c0, contention()) if judged else 0.0
             sample = (waited / max(t, 1e-12), t, waited)
             best = sample if best is None or sample < best else best
             if best[0] <= protocol.max_wait_share:

@@ -5,13 +5,13 @@
 Every contender runs ``--calls`` back-to-back calls per round, rounds interleaved; the report is
 the median per-call wall time and process CPU time, and each contender's ratio to the first one
 (the median over rounds of the per-round ratio, so slow phases of a shared host cancel out).
-``--ort DIR`` adds ONNX Runtime (spinning off, intra-op threads = usable cores, as in the bench),
-exporting the model to DIR on first use; ratios are then to ONNX Runtime. ``--one-thread`` also
-times every contender on one thread and prints what the other cores buy each (1-thread wall ÷
-all-cores wall): a contender that gains little from the second core loses little when another
-process takes it, which is what the bench's contention ratio (slowdown ÷ ONNX Runtime's) rewards. For a quick check of a
-change, not a benchmark: ``ascendc-pack bench`` / ``bench/run_all.py`` run each contender in its
-own process.
+``--ort DIR`` adds ONNX Runtime (spinning off, intra-op threads = usable cores, as in the
+bench), exporting the model to DIR on first use; ratios are then to ONNX Runtime.
+``--one-thread`` also times every contender on one thread and prints what the other cores buy
+each (1-thread wall ÷ all-cores wall): a contender that gains little from the second core loses
+little when another process takes it, which is what the bench's contention ratio (slowdown ÷
+ONNX Runtime's) rewards. For a quick check of a change, not a benchmark: ``ascendc-pack bench`` /
+``bench/run_all.py`` run each contender in its own process.
 
 To compare with another commit, build its bundle from a worktree of that commit *as the current
 directory* (``cd ../old && PYTHONPATH=.:runtime python -m ascendc_pack build ...``): Python puts

@@ -148,7 +148,8 @@ def test_contended_tactic_timings_are_flagged_not_claimed():
     from ascendc_pack.tactic_tune import TacticChoice, TacticResult
 
     samples = [[5000.0, 5010.0, 4990.0, 5005.0], [3900.0, 3910.0, 3890.0, 3905.0]]
-    results = [TacticResult(i, f"k{i}", n, statistics.median(x), x) for i, (n, x) in enumerate(zip(("aten", "gemm#1"), samples))]
+    results = [TacticResult(i, f"k{i}", name, statistics.median(x), x)
+               for i, (name, x) in enumerate(zip(("aten", "gemm#1"), samples))]
     contended = MeasurementQuality.assess(results, 1, 0.4, 2, wait_share=0.45)
     assert not contended.stable and contended.spread < 0.01   # steady timings: only the wait tells
     ch = TacticChoice("linear_m256", "linear", {}, [SimpleNamespace(name="aten"), SimpleNamespace(name="gemm#1")],
