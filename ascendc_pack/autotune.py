@@ -135,6 +135,17 @@ def contended_wait(before, after) -> float:
     return max(0.0, after[0] - before[0])
 
 
+def least_contended(take: Callable[[], tuple], retries: int, max_share: float) -> tuple[tuple, int]:
+    """``take() -> (contended share, ...)`` up to ``1 + retries`` times, stopping at the first
+    sample whose share is at most ``max_share``: the least contended sample and the retakes."""
+    best = take()
+    for retake in range(1, retries + 1):
+        if best[0] <= max_share:
+            return best, retake - 1
+        best = min(best, take())
+    return best, retries
+
+
 def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
            clock: Callable[[], float] = time.perf_counter,
            contention: Callable[[], tuple[float, int] | None] | None = None) -> Selection:
@@ -146,23 +157,20 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
     kept_s = waited_s = 0.0  # wall and run-queue wait seconds of the kept samples
     retaken = 0
 
+    def take(i: int, number: int) -> tuple[float, float, float]:
+        c0 = contention()
+        t = measure(i, number)
+        judged = t >= protocol.contended_min_launch_us * 1e-6 * number
+        waited = contended_wait(c0, contention()) if judged else 0.0
+        return waited / max(t, 1e-12), t, waited
+
     def uncontended(i: int, number: int) -> float:
         """One sample of candidate ``i``: the least contended of up to 1 + contended_retries."""
         nonlocal kept_s, waited_s, retaken
-        best = None  # (share, seconds, waited)
-        for attempt in range(1 + protocol.contended_retries):
-            retaken += attempt > 0
-            c0 = contention()
-            t = measure(i, number)
-            judged = t >= protocol.contended_min_launch_us * 1e-6 * number
-            waited = contended_wait(c0, contention()) if judged else 0.0
-            sample = (waited / max(t, 1e-12), t, waited)
-            best = sample if best is None or sample < best else best
-            if best[0] <= protocol.max_wait_share:
-                break
-        kept_s += best[1]
-        waited_s += best[2]
-        return best[1]
+        (_, t, waited), retakes = least_contended(lambda: take(i, number), protocol.contended_retries,
+                                                  protocol.max_wait_share)
+        kept_s, waited_s, retaken = kept_s + t, waited_s + waited, retaken + retakes
+        return t
 
     def run(i: int, number: int, timed: bool = False) -> float | None:
         try:

@@ -35,7 +35,7 @@ from ascendc_pack_runtime.errors import BundleError
 from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.manifest_tactics import CallThreads
 
-from .autotune import Protocol, contended_wait, contention_clock
+from .autotune import Protocol, contended_wait, contention_clock, least_contended
 from .bench.stats import lead_in
 from .cache import atomic_write_text, stable_hash
 from .choice import UNSTABLE_WAIT
@@ -94,13 +94,12 @@ def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[fl
     """Median µs of the calls of one sample, after a lead-in of untimed calls, and the least
     contended of up to 1 + :data:`RETAKES` samples: the one whose threads waited for a core the
     smallest share of its wall time (that share is returned too)."""
-    best = None
-    for _ in range(1 + RETAKES):
-        sample = _sample(model, args, restore)
-        best = sample if best is None or sample[1] < best[1] else best
-        if best[1] <= UNSTABLE_WAIT:
-            break
-    return best
+    def take() -> tuple[float, float]:
+        median_us, share = _sample(model, args, restore)
+        return share, median_us
+
+    (share, median_us), _ = least_contended(take, RETAKES, UNSTABLE_WAIT)
+    return median_us, share
 
 
 def _sample(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[float, float]:

@@ -180,3 +180,13 @@ def test_the_contention_clock_sees_cores_taken_by_other_processes():
             p.kill()
             p.wait()
     assert waited > 0.1 * wall, (waited, wall)   # fair share: about a third of the time
+
+
+def test_least_contended_stops_at_the_first_clean_sample():
+    from ascendc_pack.autotune import least_contended
+
+    samples = iter([(0.5, "a"), (0.01, "b"), (0.0, "c")])
+    assert least_contended(lambda: next(samples), 2, 0.05) == ((0.01, "b"), 1)
+    samples = iter([(0.5, "a"), (0.3, "b"), (0.4, "c")])
+    assert least_contended(lambda: next(samples), 2, 0.05) == ((0.3, "b"), 2)
+    assert least_contended(lambda: (0.0, "x"), 2, 0.05) == ((0.0, "x"), 0)
