@@ -16,9 +16,9 @@ again.
 
 Another process holding a core while the caps are timed favours the one-thread call (it has no
 teammate to wait for), and a cap recorded then would halve the bundle's speed on a quiet host. So
-each sample's contended run-queue wait is measured (``autotune.contended_wait``); a contended sample is
-taken again (up to :data:`RETAKES` times), and if the kept samples are still contended no cap is
-recorded and nothing is cached: the next build times again.
+each sample's contended run-queue wait is measured (``autotune.contended_wait``); a contended
+sample is taken again (up to ``Protocol.contended_retries`` times, as in PGO), and if the kept
+samples are still contended no cap is recorded and nothing is cached: the next build times again.
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ SETTLED_ROUNDS = 3
 """Rounds after which timing stops early when they all agree by a wide margin (:func:`settled`)."""
 LEAD_IN_S = 0.03
 SAMPLE_S = 0.03
-RETAKES = 2
-"""Times a sample during which another process held a core is taken again."""
 
 
 def candidate_caps(cores: int) -> list[int]:
@@ -92,13 +90,13 @@ def settled(per_round: dict[int, list[float]], margin: float = MARGIN) -> bool:
 
 def _time_round(model, args: list, restore: dict[int, torch.Tensor]) -> tuple[float, float]:
     """Median µs of the calls of one sample, after a lead-in of untimed calls, and the least
-    contended of up to 1 + :data:`RETAKES` samples: the one whose threads waited for a core the
+    contended of up to 1 + ``Protocol.contended_retries`` samples: the one whose threads waited for a core the
     smallest share of its wall time (that share is returned too)."""
     def take() -> tuple[float, float]:
         median_us, share = _sample(model, args, restore)
         return share, median_us
 
-    (share, median_us), _ = least_contended(take, RETAKES, UNSTABLE_WAIT)
+    (share, median_us), _ = least_contended(take, Protocol.contended_retries, UNSTABLE_WAIT)
     return median_us, share
 
 

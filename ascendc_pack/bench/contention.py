@@ -75,7 +75,7 @@ def slowdowns(quiet: dict[str, list[float]], busy: dict[str, list[float]], bundl
     bundle is faster with the core taken).
 
     The slowdown ratio alone favours a contender that scales badly: one that gains little from
-    the second core loses little when it is taken (docs/PERFORMANCE.md), so both are reported.
+    the second core loses little when it is taken (README "Threading"), so both are reported.
 
     ``quiet`` / ``busy``: per contender id, its per-round medians (same rounds in both)."""
     out: dict = {"slowdown": {}, "vs_" + reference: {}, "busy_vs_" + reference: {}}
