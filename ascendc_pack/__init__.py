@@ -15,11 +15,11 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category
 
 from ascendc_pack_runtime.constants import VERSION as __version__  # noqa: E402 (one version for both packages)
 
-from .capture import Captured, capture  # noqa: E402
-from .errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402
-from .loader import LoadedModel, load_model_file  # noqa: E402
-from .pipeline import BuildResult, build, build_file, compile  # noqa: E402
-from .program import ModelProgram, Program  # noqa: E402
+from ascendc_pack.frontend.capture import Captured, capture  # noqa: E402
+from ascendc_pack.errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402
+from ascendc_pack.frontend.loader import LoadedModel, load_model_file  # noqa: E402
+from ascendc_pack.pipeline import BuildResult, build, build_file, compile  # noqa: E402
+from ascendc_pack.ir.program import ModelProgram, Program  # noqa: E402
 
 __all__ = [
     "__version__", "build", "build_file", "compile", "BuildResult", "capture", "Captured", "load_model_file", "LoadedModel", "ModelProgram",

@@ -1,3 +1,3 @@
-from .cli import main
+from ascendc_pack.cli.main import main
 
 main()

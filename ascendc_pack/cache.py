@@ -28,7 +28,7 @@ from pathlib import Path
 
 import filelock
 
-from .errors import PackError
+from ascendc_pack.errors import PackError
 
 LOCK_TIMEOUT_S = 600.0
 """How long to wait for another process holding a kernel's ``compile.lock``."""

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 from ascendc_pack_runtime.host import usable_cores
 
-from .backend import DEFAULT_BACKEND, check_backend_name
-from .errors import ConfigError
+from ascendc_pack.backends.registry import DEFAULT_BACKEND, check_backend_name
+from ascendc_pack.errors import ConfigError
 
 ENV_TOPN = "TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN"
 ENV_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
@@ -75,7 +75,7 @@ class BuildConfig:
     live under ``cache_dir/ascendc``; ``jobs``: parallel candidate compiles (1 = serial, in the
     calling thread); ``debug``: keep sources and compile commands under ``torch_compile_debug/``;
     ``cores``: core limit (None = every usable core); ``march``: g++ ``-march=`` value;
-    ``backend``: the target device's backend (:mod:`ascendc_pack.backend`; only ``cpu`` today).
+    ``backend``: the target device's backend (:mod:`ascendc_pack.backends.registry`; only ``cpu`` today).
     """
 
     topn: int = 1

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from .capture import Captured, capture
-from .capture_cache import capture_cached
-from .check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
-from .errors import PackError, VerificationError
-from .executor import run_model
-from .loader import LoadedModel, load_model_file
+from ascendc_pack.frontend.capture import Captured, capture
+from ascendc_pack.frontend.capture_cache import capture_cached
+from ascendc_pack.frontend.check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
+from ascendc_pack.errors import PackError, VerificationError
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.frontend.loader import LoadedModel, load_model_file
 
 log = logging.getLogger("ascendc_pack")
 
@@ -64,7 +64,7 @@ def _clone(inputs) -> tuple[torch.Tensor, ...]:
 class Prepared:
     """What :func:`prepare` produced: the model after constant folding and the tactic choices
     (``captured``: its program and weights), the fused model, the compiled kernel candidates,
-    the tactic outcomes by step name (:class:`~ascendc_pack.tactic_tune.TacticChoice`; empty
+    the tactic outcomes by step name (:class:`~ascendc_pack.tactics.tune.TacticChoice`; empty
     without input sets or with ``topn`` 1) and the seconds of each stage."""
 
     captured: Captured
@@ -90,7 +90,7 @@ class BuildResult:
     ``cache_hits`` candidates reused from the cache, ``compile_failures`` candidates that failed
     to compile, ``kernels_profiled`` kernels whose candidates were verified and timed,
     ``candidates_disqualified`` candidates verification rejected. ``tactics`` maps every tactic
-    step name to its :class:`~ascendc_pack.tactic_tune.TacticChoice`; ``tactics_profiled`` counts
+    step name to its :class:`~ascendc_pack.tactics.tune.TacticChoice`; ``tactics_profiled`` counts
     the tactic steps verified and timed by this build (0 on a warm cache).
     """
 
@@ -110,8 +110,8 @@ class BuildResult:
     call_threads: object = None   # the manifest's CallThreads record (None: not tuned: --topn 1, 1 core)
 
     def summary(self) -> str:
-        from .tactic_report import tactic_table
-        from .tune import summary_table
+        from ascendc_pack.tactics.report import tactic_table
+        from ascendc_pack.autotune.python_mode import summary_table
 
         text = summary_table(self.choices, self.fallbacks)
         if self.tactics:
@@ -150,14 +150,14 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     ``before_tuning``: called before the tactics are timed (the build waits there for the graph
     interpreter compiling in the background).
     """
-    from .backend import get_backend
-    from .copy_elision import elide_copies
-    from .fold import fold_constants
-    from .fuse import fuse
-    from .graph_aten import meta_layout_cache
-    from .kernels import prepare_kernels, total_candidates
-    from .progress import Progress
-    from .tune import inline_kernels
+    from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.passes.copy_elision import elide_copies
+    from ascendc_pack.passes.fold import fold_constants
+    from ascendc_pack.passes.fuse import fuse
+    from ascendc_pack.graph.aten import meta_layout_cache
+    from ascendc_pack.kernels.fused.build import prepare_kernels, total_candidates
+    from ascendc_pack.progress import Progress
+    from ascendc_pack.autotune.python_mode import inline_kernels
 
     backend = get_backend(config.backend)  # a backend this host cannot use fails here, before capture
     progress = progress or Progress(enabled=False)
@@ -189,10 +189,10 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
 
 def _tactics(captured: Captured, config, progress, input_sets, protocol, before_tuning=None):
     """Tactic pass, PGO of the tactic steps on ``input_sets``, lowering of the choices."""
-    from .autotune import Protocol
-    from .tactic_lower import lower_tactics, propagate_layouts
-    from .tactic_pass import find_tactics
-    from .tactic_tune import TacticTuner
+    from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.tactics.lower import lower_tactics, propagate_layouts
+    from ascendc_pack.tactics.rewrite import find_tactics
+    from ascendc_pack.tactics.tune import TacticTuner
 
     found = find_tactics(captured.model, captured.weights)
     if not found.found:
@@ -233,15 +233,15 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
 
     Fused kernels with several candidates verify and tune themselves on their first call on that
     call's real arguments; ``calibration_inputs`` (a list of input tuples) are run right away.
-    ``protocol``: the PGO :class:`~ascendc_pack.autotune.Protocol` (default timings).
+    ``protocol``: the PGO :class:`~ascendc_pack.autotune.protocol.Protocol` (default timings).
 
     Returns:
-        A :class:`ascendc_pack.tune.PythonModeModule`; call it like the model.
+        A :class:`ascendc_pack.autotune.python_mode.PythonModeModule`; call it like the model.
     """
-    from .autotune import Protocol
-    from .backend import get_backend
-    from .config import BuildConfig
-    from .tune import PythonModeModule
+    from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.config import BuildConfig
+    from ascendc_pack.autotune.python_mode import PythonModeModule
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores,
                                  backend=backend)
@@ -267,7 +267,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     bundled as its ATen steps (with a warning). ``progress``: True reports every stage on
     stderr (bars on a terminal, plain lines otherwise), or pass a
     :class:`~ascendc_pack.progress.Progress`. ``protocol``: the PGO
-    :class:`~ascendc_pack.autotune.Protocol`.
+    :class:`~ascendc_pack.autotune.protocol.Protocol`.
 
     With ``verify`` (the default) the new bundle is loaded with the runtime and compared with eager
     on the example and calibration inputs (``ascendc_pack_runtime.accuracy``; ``atol``/``rtol``
@@ -280,13 +280,13 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
     """
-    from .autotune import Protocol
-    from .backend import get_backend
-    from .bundle import build_bundle
-    from .config import BuildConfig
-    from .progress import Progress
-    from .render import start_graph_runtime
-    from .tune import PythonModeModule, inline_kernels
+    from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.package.bundle import build_bundle
+    from ascendc_pack.config import BuildConfig
+    from ascendc_pack.progress import Progress
+    from ascendc_pack.graph.render import start_graph_runtime
+    from ascendc_pack.autotune.python_mode import PythonModeModule, inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
                                  backend=backend)
@@ -347,8 +347,8 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
     VerificationError (and, staged, is deleted)."""
     from ascendc_pack_runtime.errors import BundleError
 
-    from .backend import get_backend
-    from .call_threads import tune_call_threads
+    from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.autotune.call_threads import tune_call_threads
 
     if config.topn <= 1 or config.effective_cores <= 1 or get_backend(config.backend).name != "cpu":
         return None
@@ -396,7 +396,7 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
 def build_file(model_file, **kwargs) -> BuildResult:
     """:func:`build` for a model.py file (its calibration inputs included). Loading the file (the
     user's imports, the model's construction) is the build's first stage, ``load``."""
-    from .progress import Progress
+    from ascendc_pack.progress import Progress
 
     progress = kwargs.pop("progress", False)
     progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))

@@ -42,7 +42,7 @@ def child(model_file: str, bundle: str, ort_dir: str | None, policy: str, bursts
     import torch  # noqa: F401
 
     from ascendc_pack.bench.stats import time_calls
-    from ascendc_pack.loader import load_model_file
+    from ascendc_pack.frontend.loader import load_model_file
 
     loaded = load_model_file(model_file)
     ins = list(loaded.example_inputs)

@@ -33,11 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ascendc_pack.attnkernel import AttnKernel, AttnSpec, plan  # noqa: E402
-from ascendc_pack.compiler import compile_kernels  # noqa: E402
+from ascendc_pack.kernels.attention.generator import AttnKernel, AttnSpec, plan  # noqa: E402
+from ascendc_pack.toolchain.compiler import compile_kernels  # noqa: E402
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.tactics import AttentionStep, attention_reference  # noqa: E402
-from ascendc_pack.timing_pool import timing_pool  # noqa: E402
+from ascendc_pack.tactics.dispatch import AttentionStep, attention_reference  # noqa: E402
+from ascendc_pack.autotune.timing_pool import timing_pool  # noqa: E402
 
 # name, batch, heads, kv_heads, len, head_dim, mask, mask_shape, causal, windows, qkv views
 SHAPES = [("vit_s16", 1, 6, 6, 197, 64, None, None, False, None, True),

@@ -33,7 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import ascendc_pack_runtime as rt  # noqa: E402  (before torch: the threading policy)
 import torch  # noqa: E402,F401
 
-from ascendc_pack.loader import load_model_file  # noqa: E402
+from ascendc_pack.frontend.loader import load_model_file  # noqa: E402
 
 
 def _ort_runner(model_file: str, out_dir: str, module, inputs, threads: int | None = None):

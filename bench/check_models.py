@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ascendc_pack import bench  # noqa: E402
-from ascendc_pack.loader import load_model_file  # noqa: E402
+from ascendc_pack.frontend.loader import load_model_file  # noqa: E402
 from ascendc_pack.pipeline import compare_outputs  # noqa: E402
 
 MODELS = ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit_s16", "bert_4l", "llama_gqa_4l"]

@@ -6,7 +6,7 @@
 
 Per shape (resnet18 at batch 1, 224x224, BatchNorm folded into a bias; conv_block is
 examples/conv_block.py at batch 8) the convolution's candidates are compiled
-(``ascendc_pack.directconv``) and every contender's output is checked against eager. Then, per
+(``ascendc_pack.kernels.conv.direct``) and every contender's output is checked against eager. Then, per
 phase, a small PGO times every candidate in interleaved rounds (the median picks ``best``) and the
 final interleaved rounds time, medians printed:
 
@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gemm_bench  # noqa: E402  (bound_launch, interleaved and their clock)
 
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.directconv import ConvSpec, compile_convs  # noqa: E402
-from ascendc_pack.directconv_launch import ConvKernel, eager_reference, random_operands  # noqa: E402
+from ascendc_pack.kernels.conv.direct import ConvSpec, compile_convs  # noqa: E402
+from ascendc_pack.kernels.conv.direct_launch import ConvKernel, eager_reference, random_operands  # noqa: E402
 
 
 def _spec(name, n, c, o, hw, k, s, p, epilogue):

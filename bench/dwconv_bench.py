@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.dwconv import DwConvSpec, compile_dwconvs, fold_affine, pack_weight  # noqa: E402
-from ascendc_pack.dwconv_launch import DwConvKernel, eager_reference, random_operands  # noqa: E402
+from ascendc_pack.kernels.conv.depthwise import DwConvSpec, compile_dwconvs, fold_affine, pack_weight  # noqa: E402
+from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel, eager_reference, random_operands  # noqa: E402
 
 # (model, C, H=W, k, stride, padding, activation, uses): used when torchvision is not available
 FALLBACK = [

@@ -4,7 +4,7 @@
     .venv/bin/python bench/gemm_bench.py [--topn 10] [--rounds 15] [--threads N] [--no-compile]
                                          [--clock wall|cpu] [--shapes bert_qkv,resnet18_fc,...]
 
-Per shape: the GEMM's candidates are compiled (``ascendc_pack.gemm``) and timed on the real
+Per shape: the GEMM's candidates are compiled (``ascendc_pack.kernels.gemm.generator``) and timed on the real
 operands in interleaved rounds (a small PGO: the median picks the winner; a weight the winner
 reads packed is packed once, before timing, as a bundle would at load). Then the winner and the
 contenders run in interleaved rounds, each round timing a batch of calls per contender, and the
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.gemm import GemmSpec, compile_gemms  # noqa: E402
-from ascendc_pack.gemm_launch import GemmKernel, eager_reference, random_operands  # noqa: E402
+from ascendc_pack.kernels.gemm.generator import GemmSpec, compile_gemms  # noqa: E402
+from ascendc_pack.kernels.gemm.launch import GemmKernel, eager_reference, random_operands  # noqa: E402
 
 # name -> (spec, what it is)
 SHAPES = {

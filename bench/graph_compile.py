@@ -35,13 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ascendc_pack.capture import capture  # noqa: E402
-from ascendc_pack.fuse import fuse  # noqa: E402
-from ascendc_pack.graph_compile import graph_flags, interp_flags, link_flags  # noqa: E402
-from ascendc_pack.graph_plan import KernelRef, kernel_io  # noqa: E402
-from ascendc_pack.loader import load_model_file  # noqa: E402
-from ascendc_pack.render import render_graph  # noqa: E402
-from ascendc_pack.toolchain import compiler_path  # noqa: E402
+from ascendc_pack.frontend.capture import capture  # noqa: E402
+from ascendc_pack.passes.fuse import fuse  # noqa: E402
+from ascendc_pack.graph.compile import graph_flags, interp_flags, link_flags  # noqa: E402
+from ascendc_pack.graph.plan import KernelRef, kernel_io  # noqa: E402
+from ascendc_pack.frontend.loader import load_model_file  # noqa: E402
+from ascendc_pack.graph.render import render_graph  # noqa: E402
+from ascendc_pack.toolchain.cxx import compiler_path  # noqa: E402
 
 EXAMPLES = ["add_sum", "mlp", "cond_model", "conv_block", "inplace", "transformer_block"]
 STACK = '''

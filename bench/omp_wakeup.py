@@ -4,7 +4,7 @@
     .venv/bin/python bench/omp_wakeup.py [--rounds 5] [--calls 400] [--policies default,passive,spin0]
 
 The numbers behind the cost model's ``Target.parallel_overhead_us`` / ``barrier_us``
-(:mod:`ascendc_pack.tiling`): a fused kernel is one ``#pragma omp parallel`` region per call, and
+(:mod:`ascendc_pack.kernels.fused.tiling`): a fused kernel is one ``#pragma omp parallel`` region per call, and
 between two calls the model runs other steps, so the team has gone idle (spinning, or asleep
 under ``OMP_WAIT_POLICY=PASSIVE``) when the next region starts. A tiny C library (g++ -fopenmp,
 bound to the ``libgomp`` torch loads) times:

@@ -9,11 +9,14 @@ the dtype on the CPU, the first ``--samples`` samples are each wrapped in one sm
 defined once (:class:`OpSample`: the op and the sample's non-tensor arguments in a closure, the
 tensors as inputs) and compiled with ``ascendc_pack.compile(..., topn=1)`` in this one process on
 the default cache (``TORCHINDUCTOR_CACHE_DIR``, as a user's run would be). The result is compared
-with eager by the project's accuracy rule (``ascendc_pack.check.compare_outputs``).
+with eager by the project's accuracy rule (``ascendc_pack.frontend.check.compare_outputs``).
 
 Each sample ends as one of: ``match``; ``wrong`` (ran, differs from eager); ``crash`` (the
 compiled callable raised); ``refused`` (compile refused with a typed ascendc-pack error, e.g. an
-op torch.export cannot capture); ``eager-fails`` (the sample raises in eager too: not counted).
+op torch.export cannot capture); ``eager-fails`` (the sample raises in eager too) and ``random``
+(two eager runs with different seeds disagree, e.g. ``rrelu`` in training mode: no single right
+answer), neither counted. An output that misses the tolerances gets the accuracy rule's second
+look against a float64 run of the sample, as ``build``'s own check does.
 The conformance rate is match / (match + wrong + crash): a clear refusal is not a wrong answer,
 and refusals are listed separately. Needs ``expecttest`` (PyTorch's OpInfo database imports it).
 """
@@ -35,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ascendc_pack  # noqa: E402
-from ascendc_pack.check import compare_outputs  # noqa: E402
+from ascendc_pack.frontend.check import compare_outputs  # noqa: E402
 from ascendc_pack.errors import PackError  # noqa: E402
 
 
@@ -77,6 +80,16 @@ def _sample_case(op, sample):
     return OpSample(op.op, template, dict(sample.kwargs)), tuple(t.detach().clone() for t in tensors)
 
 
+def _float64(module, inputs):
+    """The sample run in float64 (the accuracy rule's reference), or None where it cannot."""
+    wide = [t.double() if t.is_floating_point() else t.clone() for t in inputs]
+    try:
+        with torch.no_grad():
+            return module(*wide)
+    except Exception:  # noqa: BLE001 - some ops have no float64 kernel
+        return None
+
+
 def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:
     logging.getLogger("ascendc_pack").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -104,9 +117,15 @@ def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:
                 label = f"{op.name}#{k}{op.variant_test_name and '.' + op.variant_test_name}"
                 try:
                     with torch.no_grad():
+                        torch.manual_seed(1)
                         expected = module(*[t.clone() for t in inputs])
+                        torch.manual_seed(2)
+                        again = module(*[t.clone() for t in inputs])
                 except Exception:  # noqa: BLE001
                     counts["eager-fails"] += 1
+                    continue
+                if compare_outputs(expected, again, atol=0.0, rtol=0.0) is not None:
+                    counts["random"] += 1
                     continue
                 if not isinstance(expected, torch.Tensor) and not (
                         isinstance(expected, tuple) and all(isinstance(e, torch.Tensor) for e in expected)):
@@ -128,7 +147,10 @@ def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:
                     counts["crash"] += 1
                     failures.append((label, "crash", f"call: {type(exc).__name__}: {exc}"[:200]))
                     continue
-                problem = compare_outputs(expected, tuple(actual) if isinstance(expected, tuple) else actual)
+                actual = tuple(actual) if isinstance(expected, tuple) else actual
+                problem = compare_outputs(expected, actual)
+                if problem is not None and dtype != torch.float64:
+                    problem = compare_outputs(expected, actual, reference64=_float64(module, inputs))
                 if problem is None:
                     counts["match"] += 1
                 else:
@@ -141,6 +163,7 @@ def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:
         r = results[dtype_name]
         print(f"{dtype_name:>9}: {counts['match']}/{judged} match ({100 * (r['rate'] or 0):.2f} %), "
               f"refused {counts['refused']}, skipped {counts['skipped']}, eager fails {counts['eager-fails']}, "
+              f"random {counts['random']}, "
               f"{r['seconds']} s", flush=True)
         for label, kind, why in failures:
             print(f"    {kind:<8} {label}: {why}", flush=True)

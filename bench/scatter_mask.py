@@ -4,7 +4,7 @@
     .venv/bin/python bench/scatter_mask.py [--rounds 30] [--cores 1] [--model bench/models/swin_mask.py]
 
 Builds the model's bundle twice (topn 1): as captured, and after constant folding
-(ascendc_pack.fold, the mask becomes a weight), then times eager PyTorch and both bundles in
+(ascendc_pack.passes.fold, the mask becomes a weight), then times eager PyTorch and both bundles in
 interleaved rounds and prints each one's median, its ratio to eager and what one call allocates
 (torch profiler). ``--cores 1`` keeps the fused kernels single-threaded, so a busy machine does
 not turn their OpenMP barriers into the measurement. Prints ``uptime`` with the numbers.
@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ascendc_pack_runtime as rt  # noqa: E402
-from ascendc_pack.bundle import build_bundle, choices_from_candidate0  # noqa: E402
+from ascendc_pack.package.bundle import build_bundle, choices_from_candidate0  # noqa: E402
 from ascendc_pack.config import BuildConfig  # noqa: E402
-from ascendc_pack.fold import fold_constants  # noqa: E402
-from ascendc_pack.fuse import fuse  # noqa: E402
-from ascendc_pack.kernels import prepare_kernels  # noqa: E402
+from ascendc_pack.passes.fold import fold_constants  # noqa: E402
+from ascendc_pack.passes.fuse import fuse  # noqa: E402
+from ascendc_pack.kernels.fused.build import prepare_kernels  # noqa: E402
 from ascendc_pack.pipeline import capture_file  # noqa: E402
 
 

@@ -38,9 +38,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ascendc_pack import tactics as T  # noqa: E402
-from ascendc_pack.autotune import Protocol  # noqa: E402
-from ascendc_pack.loader import load_model_file  # noqa: E402
+import ascendc_pack.tactics.dispatch as T  # noqa: E402
+from ascendc_pack.autotune.protocol import Protocol  # noqa: E402
+from ascendc_pack.frontend.loader import load_model_file  # noqa: E402
 from ascendc_pack.pipeline import build  # noqa: E402
 
 

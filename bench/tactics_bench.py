@@ -5,7 +5,7 @@
 
 Per step (a resnet18 / mobilenet_v3_small / efficientnet_b0 convolution with its BatchNorm and
 activation/residual epilogue, a BERT / Llama / ViT / classifier linear, attention at sequence
-128 / 197): every candidate of ``ascendc_pack.tactics.candidates`` is first checked against eager,
+128 / 197): every candidate of ``ascendc_pack.tactics.dispatch.candidates`` is first checked against eager,
 its derived weights are made (build stage, then load stage: the load stage is timed, it is cold
 start), then all candidates are timed (a convolution also as it runs inside a chain planned in
 channels_last: ``cl-in:`` rows, input already channels_last) in interleaved rounds (median of per-round means). Prints
@@ -34,8 +34,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ascendc_pack import tactics as T  # noqa: E402
-from ascendc_pack.tactics import AttentionStep, ConvStep, Epilogue, LinearStep  # noqa: E402
+import ascendc_pack.tactics.dispatch as T  # noqa: E402
+from ascendc_pack.tactics.dispatch import AttentionStep, ConvStep, Epilogue, LinearStep  # noqa: E402
 
 E = Epilogue
 BN_RELU, BN_ADD_RELU = E(affine=True, unary="relu"), E(affine=True, binary="add", unary="relu")

@@ -48,7 +48,9 @@ CONFIGS = {  # name: (bundle set, environment, thread cap of rt.load)
 def build(out: Path, models: list[str], old_rev: str | None) -> None:
     """Build ``out/<name>.ascpack`` of each example at topn 1, with the tiling of ``old_rev``."""
     import ascendc_pack_runtime  # noqa: F401  (the wait policy before torch)
-    from ascendc_pack import backend_cpu, kernels, tiling
+    import ascendc_pack.backends.cpu as backend_cpu
+    import ascendc_pack.kernels.fused.build as kernels
+    import ascendc_pack.kernels.fused.tiling as tiling
     from ascendc_pack.pipeline import build_file
 
     if old_rev is not None:  # the old cost model, swapped in where the pipeline looks it up

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             import torch
             from torch.utils import _pytree as pytree
 
-            from ascendc_pack.loader import load_model_file
+            from ascendc_pack.frontend.loader import load_model_file
 
             module = load_model_file(a.check).module
             with torch.no_grad():

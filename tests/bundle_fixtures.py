@@ -13,13 +13,13 @@ from typing import Callable
 import torch
 import zstandard
 
-from ascendc_pack.bundle import BundleReport, build_bundle, choices_from_candidate0
+from ascendc_pack.package.bundle import BundleReport, build_bundle, choices_from_candidate0
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import prepare_kernels
-from ascendc_pack.loader import LoadedModel
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.kernels.fused.build import prepare_kernels
+from ascendc_pack.frontend.loader import LoadedModel
 from ascendc_pack.pipeline import capture_file
-from ascendc_pack.program import ModelProgram
+from ascendc_pack.ir.program import ModelProgram
 
 from .conftest import EXAMPLE_NAMES, EXAMPLES
 

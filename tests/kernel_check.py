@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ascendc_pack.capture import capture
+from ascendc_pack.frontend.capture import capture
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.executor import run_model, run_reference_fused
-from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import FusedKernel, prepare_kernels
-from ascendc_pack.program import dump
-from ascendc_pack.verify import tolerance  # the tolerances PGO verification uses too
+from ascendc_pack.frontend.executor import run_model, run_reference_fused
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.kernels.fused.build import FusedKernel, prepare_kernels
+from ascendc_pack.ir.program import dump
+from ascendc_pack.autotune.verify import tolerance  # the tolerances PGO verification uses too
 from ascendc_pack_runtime.kernels import KernelLibrary
 
 

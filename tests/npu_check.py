@@ -2,7 +2,7 @@
 
 :func:`check_npu` captures a function, fuses it, and for every fused kernel the npu generator
 can express, renders the chosen candidates as AscendC kernels, compiles them against the
-emulation (g++, :mod:`ascendc_pack.npu.toolchain`) once per distinct source, runs each on the
+emulation (g++, :mod:`ascendc_pack.backends.npu.toolchain`) once per distinct source, runs each on the
 arguments the kernel gets in a real run and compares its outputs with the kernel's reference
 ATen steps; the whole program (run with each kernel's first candidate, unsupported kernels as
 their ATen steps) must match eager PyTorch.
@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from ascendc_pack.capture import capture
-from ascendc_pack.executor import run_reference_fused
-from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import FusedKernel
-from ascendc_pack.npu.layout import Unsupported
-from ascendc_pack.npu.codegen import render
-from ascendc_pack.npu.tiling import SOCS, NpuTarget, plan_for, propose
-from ascendc_pack.npu.toolchain import emulation_flags
-from ascendc_pack.program import dump
+from ascendc_pack.frontend.capture import capture
+from ascendc_pack.frontend.executor import run_reference_fused
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.kernels.fused.build import FusedKernel
+from ascendc_pack.backends.npu.layout import Unsupported
+from ascendc_pack.backends.npu.codegen import render
+from ascendc_pack.backends.npu.tiling import SOCS, NpuTarget, plan_for, propose
+from ascendc_pack.backends.npu.toolchain import emulation_flags
+from ascendc_pack.ir.program import dump
 from ascendc_pack_runtime.kernels import KernelLibrary
 from tests.kernel_check import Fn, check_program, close, describe_mismatch
 

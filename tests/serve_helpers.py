@@ -287,7 +287,7 @@ def _measure(argv: list[str]) -> None:
     for n in names:
         pre = Path(a.bundle_dir) / f"{n}.ascpack" if a.bundle_dir else None
         if pre is not None and pre.is_file():
-            from ascendc_pack.loader import load_model_file
+            from ascendc_pack.frontend.loader import load_model_file
             bundles[n] = (pre, load_model_file(EXAMPLES / f"{n}.py"))
         else:
             bundles.update(build_bundles(_Factory(work), [n]))

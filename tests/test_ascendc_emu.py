@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascendc_pack.compiler import runtime_include_dir
+from ascendc_pack.toolchain.compiler import runtime_include_dir
 
 KERNELS = Path(__file__).resolve().parent / "ascendc_kernels"
 CXX_FLAGS = ["-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter",

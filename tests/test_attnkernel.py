@@ -16,11 +16,11 @@ import math
 import pytest
 import torch
 
-from ascendc_pack.attnkernel import MAX_CANDIDATES, AttnKernel, AttnSpec, AttnSpecError, plan, propose
-from ascendc_pack.compiler import compile_kernels
+from ascendc_pack.kernels.attention.generator import MAX_CANDIDATES, AttnKernel, AttnSpec, AttnSpecError, plan, propose
+from ascendc_pack.toolchain.compiler import compile_kernels
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.gemm import GemmTarget
-from ascendc_pack.tactics import AttentionStep, attention_reference
+from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.tactics.dispatch import AttentionStep, attention_reference
 from tests.kernel_check import tolerance
 
 TARGET = GemmTarget.detect(2)
@@ -177,7 +177,7 @@ def test_spec_round_trips_through_json():
 def test_pgo_times_the_kernel_on_the_graphs_task_pool(builds, tmp_path, monkeypatch):
     """The build's PGO binds generated kernels to the task pool graph.so runs them on
     (ascendc_pack/timing_pool.py); with ASCENDC_PACK_TASK_POOL=0 it times OpenMP, as graph.so runs."""
-    from ascendc_pack.timing_pool import timing_pool
+    from ascendc_pack.autotune.timing_pool import timing_pool
 
     config = BuildConfig.resolve(cache_dir=tmp_path)
     pool = timing_pool(config)

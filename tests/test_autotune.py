@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from ascendc_pack.autotune import (AutotuneError, CandidateFailed, Protocol, contended_wait, contention_clock,
+from ascendc_pack.autotune.protocol import (AutotuneError, CandidateFailed, Protocol, contended_wait, contention_clock,
                                    select)
-from ascendc_pack.candidate import Candidate
-from ascendc_pack.choice import CandidateResult, MeasurementQuality
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.ir.choice import CandidateResult, MeasurementQuality
 from ascendc_pack.config import host_cores
 
 FAST = Protocol(warmup=1, min_rounds=5, max_rounds=30, noise=0.02, time_cap_s=10.0, min_sample_us=0.0)
@@ -183,7 +183,7 @@ def test_the_contention_clock_sees_cores_taken_by_other_processes():
 
 
 def test_least_contended_stops_at_the_first_clean_sample():
-    from ascendc_pack.autotune import least_contended
+    from ascendc_pack.autotune.protocol import least_contended
 
     samples = iter([(0.5, "a"), (0.01, "b"), (0.0, "c")])
     assert least_contended(lambda: next(samples), 2, 0.05) == ((0.01, "b"), 1)

@@ -10,21 +10,21 @@ import torch
 from ascendc_pack_runtime.errors import BackendUnavailableError
 from ascendc_pack_runtime.manifest import TorchBuild
 
-from ascendc_pack import backend as backend_mod
-from ascendc_pack.backend import BACKENDS, Backend, get_backend
-from ascendc_pack.backend_cpu import CpuBackend
-from ascendc_pack.codegen import render_kernel
-from ascendc_pack.compiler import CompileCounts
+import ascendc_pack.backends.registry as backend_mod
+from ascendc_pack.backends.registry import BACKENDS, Backend, get_backend
+from ascendc_pack.backends.cpu import CpuBackend
+from ascendc_pack.kernels.fused.codegen import render_kernel
+from ascendc_pack.toolchain.compiler import CompileCounts
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import ConfigError
-from ascendc_pack.verify import KernelSandbox
+from ascendc_pack.autotune.verify import KernelSandbox
 
 from .kernel_check import Fn
 
 
 def test_registry_names_cpu_and_unknown_names_are_config_errors():
-    assert dict(BACKENDS) == {"cpu": "ascendc_pack.backend_cpu:CpuBackend", "npu": "ascendc_pack.npu.backend:NpuBackend",
-                              "npu-emu": "ascendc_pack.npu.backend:EmulatedNpuBackend"}
+    assert dict(BACKENDS) == {"cpu": "ascendc_pack.backends.cpu:CpuBackend", "npu": "ascendc_pack.backends.npu.backend:NpuBackend",
+                              "npu-emu": "ascendc_pack.backends.npu.backend:EmulatedNpuBackend"}
     cpu = get_backend("cpu")
     assert isinstance(cpu, CpuBackend) and isinstance(cpu, Backend)
     assert cpu.name == "cpu" and cpu.timing == "wall-clock" and get_backend().name == "cpu"
@@ -36,8 +36,8 @@ def test_registry_names_cpu_and_unknown_names_are_config_errors():
 
 
 def _one_kernel():
-    from ascendc_pack.capture import capture
-    from ascendc_pack.fuse import fuse
+    from ascendc_pack.frontend.capture import capture
+    from ascendc_pack.passes.fuse import fuse
 
     x = torch.randn(8, 64)
     fused = fuse(capture(Fn(lambda a: (a * 2).softmax(-1)), (x,)).model)
@@ -46,9 +46,9 @@ def _one_kernel():
 
 
 def test_cpu_backend_renders_compiles_launches_and_times_a_kernel(tmp_path):
-    from ascendc_pack.compiler import CandidateSource, KernelBuild
-    from ascendc_pack.executor import run_reference_fused
-    from ascendc_pack.tiling import propose
+    from ascendc_pack.toolchain.compiler import CandidateSource, KernelBuild
+    from ascendc_pack.frontend.executor import run_reference_fused
+    from ascendc_pack.kernels.fused.tiling import propose
 
     cpu = get_backend("cpu")
     config = BuildConfig(topn=2, cache_dir=tmp_path, jobs=1, cores=1)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from ascendc_pack import bench
 from ascendc_pack.bench import contention, extras, kernels, report, stats
 from ascendc_pack.bench.model import LEAD_IN_MS, _Run, _summarize
-from ascendc_pack.cli import main
+from ascendc_pack.cli.main import main
 
 from .conftest import EXAMPLES, ROOT
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.bundle import build_bundle
+from ascendc_pack.package.bundle import build_bundle
 from ascendc_pack.pipeline import compare_outputs
 
 from .bundle_fixtures import (build_examples, build_model_file, build_root, clone_inputs, manifest_of,
@@ -58,7 +58,7 @@ def test_members_order_hashes_and_one_kernel_per_fused_kernel(built, name, tmp_p
     fused = {s.name for s in b.fused.program.fused_steps()}
     assert len(kernels) == len(fused) == len(manifest["kernels"])
     data = dict((info.name, d) for info, d in entries)
-    from ascendc_pack.compiler import describe_library
+    from ascendc_pack.toolchain.compiler import describe_library
 
     for entry in manifest["kernels"]:
         c = b.choices[entry["name"]].candidate

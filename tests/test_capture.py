@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from ascendc_pack.capture import capture
+from ascendc_pack.frontend.capture import capture
 from ascendc_pack.errors import CaptureError
-from ascendc_pack.executor import run_model
-from ascendc_pack.loader import load_model_file
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.frontend.loader import load_model_file
 from ascendc_pack.pipeline import capture_file, check_reference, compare_outputs
-from ascendc_pack.program import AtenStep, CondStep, ModelProgram, dump
+from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, dump
 
 from .conftest import EXAMPLE_NAMES, EXAMPLES
 

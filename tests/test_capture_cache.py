@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascendc_pack.capture_cache import CAPTURE_SUBDIR, capture_cached, capture_key
-from ascendc_pack.executor import run_model
+from ascendc_pack.frontend.capture_cache import CAPTURE_SUBDIR, capture_cached, capture_key
+from ascendc_pack.frontend.executor import run_model
 
 
 class WithConstant(torch.nn.Module):
@@ -160,7 +160,7 @@ def test_a_module_global_read_by_forward_is_in_the_key(write_model, tmp_path):
     for scale in (2.0, 5.0):
         path = write_model(source.format(scale=scale), name=f"glob_{int(scale)}.py")
         out = tmp_path / f"g{int(scale)}.ascpack"
-        from ascendc_pack.loader import load_model_file
+        from ascendc_pack.frontend.loader import load_model_file
         loaded = load_model_file(path)
         build(loaded.module, loaded.example_inputs, topn=1, cache_dir=tmp_path / "c", output=out, name="glob")
         outs.append(load(out)(*loaded.example_inputs))
@@ -199,7 +199,7 @@ def test_a_config_file_read_by_get_model_gets_its_own_capture(write_model, tmp_p
     """)
     from click.testing import CliRunner
 
-    from ascendc_pack.cli import main as cli
+    from ascendc_pack.cli.main import main as cli
     x = torch.linspace(-3, 3, 12).reshape(3, 4)
     for act, fn in (("relu", torch.relu), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid), ("relu", torch.relu)):
         config.write_text(act)

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ascendc_pack import __version__
-from ascendc_pack.cli import main
+from ascendc_pack.cli.main import main
 
 from .conftest import EXAMPLES
 
@@ -46,7 +46,7 @@ def test_capture_bad_file_is_a_clean_error(tmp_path):
 def test_build_reports_every_stage_and_per_stage_seconds(tmp_path):
     from ascendc_pack_runtime import read_manifest
 
-    from ascendc_pack.backend import get_backend
+    from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.config import BuildConfig
 
     out = tmp_path / "add_sum.ascpack"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ascendc_pack.cli import main
+from ascendc_pack.cli.main import main
 
 from .runtime_fixtures import eager_reference, example, missing_host_feature, pack, parts_of, reg
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from ascendc_pack import compiler as comp
-from ascendc_pack import toolchain as tc
+import ascendc_pack.toolchain.compiler as comp
+import ascendc_pack.toolchain.cxx as tc
 from ascendc_pack.cache import (KernelDir, LockTimeoutError, atomic_write_bytes, atomic_write_text,
                                 kernel_lock, stable_hash)
-from ascendc_pack.candidate import Candidate
-from ascendc_pack.compiler import (CandidateSource, KernelBuild, KernelLibraryError, compile_kernels,
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.toolchain.compiler import (CandidateSource, KernelBuild, KernelLibraryError, compile_kernels,
                                   describe_library)
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import CompileError, ConfigError
@@ -337,8 +337,8 @@ def test_debug_mode_writes_sources_and_commands(tmp_path, monkeypatch):
 CHILD = textwrap.dedent("""\
     import json, sys, time
     from pathlib import Path
-    from ascendc_pack import compiler as comp
-    from ascendc_pack.candidate import Candidate
+    import ascendc_pack.toolchain.compiler as comp
+    from ascendc_pack.ir.candidate import Candidate
     from ascendc_pack.config import BuildConfig
     spec = json.loads(Path(sys.argv[1]).read_text())
     builds = [comp.KernelBuild(spec["name"], spec["hash"],

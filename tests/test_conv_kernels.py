@@ -22,10 +22,10 @@ import ascendc_pack_runtime as rt
 
 from ascendc_pack.config import BuildConfig
 from ascendc_pack_runtime.tensor_meta import same_layout
-from ascendc_pack.program import TacticStep
-from ascendc_pack.tactic_convkernel import CONV_KERNEL_TILINGS, WINOGRAD_TILINGS, ConvKernelTactic
-from ascendc_pack.tactic_gemm import CONV_TILINGS, ConvGemmTactic, conv_gemm_spec
-from ascendc_pack.tactic_tune import TacticTuner
+from ascendc_pack.ir.program import TacticStep
+from ascendc_pack.tactics.families.conv import CONV_KERNEL_TILINGS, WINOGRAD_TILINGS, ConvKernelTactic
+from ascendc_pack.tactics.families.gemm import CONV_TILINGS, ConvGemmTactic, conv_gemm_spec
+from ascendc_pack.tactics.tune import TacticTuner
 
 from .bundle_fixtures import build_root
 from .test_tactic_pipeline import FAST, _build, _found, _fresh_process_matches, _member
@@ -240,8 +240,8 @@ def test_winograd_candidates_are_verified_and_run_in_the_graph(tmp_path, cache, 
                                   ((2, 8, 5, 5), (8, 2, 3, 3), 4)], ids=["dw", "3x3", "1x1", "se", "grouped"])
 def test_planned_convolution_layout_is_the_cpu_kernels(case, x_cl, w_cl):
     """ATen's meta convolution says NCHW; the planner predicts what the CPU kernels return."""
-    from ascendc_pack.graph_aten import meta_layouts
-    from ascendc_pack.program import AtenStep, Ref
+    from ascendc_pack.graph.aten import meta_layouts
+    from ascendc_pack.ir.program import AtenStep, Ref
 
     xs, ws, groups = case
     x, w = torch.randn(xs), torch.randn(ws)

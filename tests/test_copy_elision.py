@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.autotune import Protocol
-from ascendc_pack.capture import capture
-from ascendc_pack.copy_elision import elide_copies
-from ascendc_pack.executor import run_model
-from ascendc_pack.fold import fold_constants
+from ascendc_pack.autotune.protocol import Protocol
+from ascendc_pack.frontend.capture import capture
+from ascendc_pack.passes.copy_elision import elide_copies
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.pipeline import build
-from ascendc_pack.program import AtenStep, ModelProgram, Program, Ref, TensorSpec
+from ascendc_pack.ir.program import AtenStep, ModelProgram, Program, Ref, TensorSpec
 
 from .bundle_fixtures import build_root
 from .test_tactic_pass import Fn

@@ -24,13 +24,13 @@ import platform
 import pytest
 import torch
 
-from ascendc_pack.compiler import compile_kernels
+from ascendc_pack.toolchain.compiler import compile_kernels
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.directconv import (EPILOGUE_OPS, MAX_CANDIDATES, PARALLEL_MIN_US, ConvSpec, ConvSpecError,
+from ascendc_pack.kernels.conv.direct import (EPILOGUE_OPS, MAX_CANDIDATES, PARALLEL_MIN_US, ConvSpec, ConvSpecError,
                                      ConvTiling, check_tiling, compile_convs, fold_affine, l1_conflict, pack_weight,
                                      plan, propose, row_tiles)
-from ascendc_pack.directconv_launch import ConvKernel, eager_reference, random_operands
-from ascendc_pack.gemm import GemmTarget
+from ascendc_pack.kernels.conv.direct_launch import ConvKernel, eager_reference, random_operands
+from ascendc_pack.kernels.gemm.generator import GemmTarget
 from tests.kernel_check import tolerance
 
 S = ConvSpec

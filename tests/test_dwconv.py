@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.dwconv import (EPILOGUE_OPS, MAX_CANDIDATES, PARALLEL_MIN_US, DwConvSpec, DwConvSpecError,
+from ascendc_pack.kernels.conv.depthwise import (EPILOGUE_OPS, MAX_CANDIDATES, PARALLEL_MIN_US, DwConvSpec, DwConvSpecError,
                                  channel_parts, compile_dwconvs, fold_affine, interior, pack_weight, propose)
-from ascendc_pack.dwconv_launch import DwConvKernel, eager_reference, random_operands
-from ascendc_pack.gemm import GemmTarget
+from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel, eager_reference, random_operands
+from ascendc_pack.kernels.gemm.generator import GemmTarget
 from tests.kernel_check import tolerance
 
 S = DwConvSpec

@@ -1,4 +1,4 @@
-"""Constant folding (ascendc_pack.fold) and scatter steps in the C++ graph.
+"""Constant folding (ascendc_pack.passes.fold) and scatter steps in the C++ graph.
 
 A swin-style mask rebuilt on every call by slice assignment folds into one weight; scatter steps
 that do depend on the inputs copy their own buffer, not the whole arena (every planned buffer
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.bundle import build_bundle, choices_from_candidate0
+from ascendc_pack.package.bundle import build_bundle, choices_from_candidate0
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.executor import run_model
-from ascendc_pack.fold import fold_constants, is_foldable
-from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import prepare_kernels
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.passes.fold import fold_constants, is_foldable
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.kernels.fused.build import prepare_kernels
 from ascendc_pack.pipeline import capture_file, compare_outputs
-from ascendc_pack.program import AtenStep, ModelProgram, Ref
+from ascendc_pack.ir.program import AtenStep, ModelProgram, Ref
 
 from .bundle_fixtures import clone_inputs
 from .conftest import ROOT

@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ascendc_pack.capture import capture
+from ascendc_pack.frontend.capture import capture
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.executor import run_model
-from ascendc_pack.fuse import fuse
-from ascendc_pack.fusion_ir import KernelSpec, NodeKind, ReduceNode, SpecError
-from ascendc_pack.kernels import prepare_kernels, write_benchmark_script
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.ir.fusion import KernelSpec, NodeKind, ReduceNode, SpecError
+from ascendc_pack.kernels.fused.build import prepare_kernels, write_benchmark_script
 from ascendc_pack.pipeline import capture_file
-from ascendc_pack.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, dump
+from ascendc_pack.ir.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, dump
 from tests.conftest import EXAMPLE_NAMES, EXAMPLES
 from tests.kernel_check import Fn, check_all_candidates, close
 

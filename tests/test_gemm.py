@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.gemm import EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, GemmTarget, compile_gemms, propose
-from ascendc_pack.gemm_launch import GemmKernel, eager_reference, random_operands
+from ascendc_pack.kernels.gemm.generator import EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, GemmTarget, compile_gemms, propose
+from ascendc_pack.kernels.gemm.launch import GemmKernel, eager_reference, random_operands
 from tests.kernel_check import tolerance
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

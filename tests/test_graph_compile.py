@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ascendc_pack import graph_compile, toolchain
+import ascendc_pack.graph.compile as graph_compile
+import ascendc_pack.toolchain.cxx as toolchain
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import CompileError
-from ascendc_pack.fuse import fuse
-from ascendc_pack.graph_plan import KernelRef, kernel_io, plan_graph
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.graph.plan import KernelRef, kernel_io, plan_graph
 from ascendc_pack.pipeline import capture_file
-from ascendc_pack.render import compile_graph, render_graph, start_graph_runtime
+from ascendc_pack.graph.render import compile_graph, render_graph, start_graph_runtime
 
 from .conftest import EXAMPLES
 

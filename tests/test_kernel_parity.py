@@ -449,7 +449,7 @@ def multi_thread_candidates_everywhere(monkeypatch):
     would leave the block_dim > 1 schedules untested on most of these small shapes."""
     import math
 
-    from ascendc_pack import tiling
+    import ascendc_pack.kernels.fused.tiling as tiling
 
     monkeypatch.setattr(tiling, "PAYOFF_MARGIN", math.inf)
 
@@ -483,11 +483,11 @@ def test_inner_loops_vectorize(name, tmp_path):
     import re
     import subprocess
 
-    from ascendc_pack.capture import capture
-    from ascendc_pack.codegen import render_kernel
-    from ascendc_pack.compiler import compile_flags
-    from ascendc_pack.fuse import fuse
-    from ascendc_pack.tiling import Target, propose
+    from ascendc_pack.frontend.capture import capture
+    from ascendc_pack.kernels.fused.codegen import render_kernel
+    from ascendc_pack.toolchain.compiler import compile_flags
+    from ascendc_pack.passes.fuse import fuse
+    from ascendc_pack.kernels.fused.tiling import Target, propose
     from tests.kernel_check import Fn
 
     fn, inputs = VECTORIZED[name]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ascendc_pack.capture import capture
+from ascendc_pack.frontend.capture import capture
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import kernel_uses, total_candidates
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.kernels.fused.build import kernel_uses, total_candidates
 from ascendc_pack.pipeline import build
 from ascendc_pack_runtime import load
 from ascendc_pack_runtime.bundle import read_manifest

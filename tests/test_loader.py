@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ascendc_pack.errors import ModelFileError
-from ascendc_pack.loader import load_model_file
+from ascendc_pack.frontend.loader import load_model_file
 
 GOOD = """
 import torch

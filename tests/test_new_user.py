@@ -15,11 +15,11 @@ from click.testing import CliRunner
 
 import ascendc_pack
 import ascendc_pack_runtime as rt
-from ascendc_pack.candidate import Candidate
-from ascendc_pack.choice import CandidateResult, KernelChoice, MeasurementQuality
-from ascendc_pack.cli import main
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.ir.choice import CandidateResult, KernelChoice, MeasurementQuality
+from ascendc_pack.cli.main import main
 from ascendc_pack.errors import VerificationError
-from ascendc_pack.tune import format_us, summary_table
+from ascendc_pack.autotune.python_mode import format_us, summary_table
 from ascendc_pack_runtime.accuracy import check_tensor
 
 from .conftest import EXAMPLES
@@ -144,8 +144,8 @@ def test_contended_tactic_timings_are_flagged_not_claimed():
     win (mlp, 2026-12-04): the tactic summary marks such a choice and says why."""
     from types import SimpleNamespace
 
-    from ascendc_pack.tactic_report import tactic_table
-    from ascendc_pack.tactic_tune import TacticChoice, TacticResult
+    from ascendc_pack.tactics.report import tactic_table
+    from ascendc_pack.tactics.tune import TacticChoice, TacticResult
 
     samples = [[5000.0, 5010.0, 4990.0, 5005.0], [3900.0, 3910.0, 3890.0, 3905.0]]
     results = [TacticResult(i, f"k{i}", name, statistics.median(x), x)

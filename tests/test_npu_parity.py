@@ -1,7 +1,7 @@
 """npu parity: every op family x dtype through npu candidates in the AscendC emulation vs eager.
 
 Each case captures a function, fuses it, and for every fused kernel renders npu candidates
-(AscendC Vector kernels, :mod:`ascendc_pack.npu`), compiles them with g++ against the AscendC
+(AscendC Vector kernels, :mod:`ascendc_pack.backends.npu`), compiles them with g++ against the AscendC
 emulation (``runtime/include/ascendc_pack/ascendc_emu``, which enforces the documented rules:
 UB capacity, 32-byte alignment, queue discipline, bounds) and runs them on the kernel's real
 arguments; every candidate's outputs must match the kernel's reference ATen steps, and the

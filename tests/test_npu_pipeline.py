@@ -19,8 +19,8 @@ import torch
 from click.testing import CliRunner
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.backend import Backend, backend_key, get_backend
-from ascendc_pack.cli import main
+from ascendc_pack.backends.registry import Backend, backend_key, get_backend
+from ascendc_pack.cli.main import main
 from ascendc_pack.errors import ConfigError
 from ascendc_pack.pipeline import build, build_file
 from ascendc_pack_runtime.manifest import Target
@@ -145,7 +145,7 @@ def test_emulate_needs_backend_npu(tmp_path):
 def test_cann_command_follows_the_documented_bisheng_options(tmp_path):
     """The device build's command (not run here: no CANN): BiSheng from ASCEND_HOME_PATH with the
     options of the CANN docs' jit_build.sh example, for the SoC's Vector cores."""
-    from ascendc_pack.npu import toolchain
+    import ascendc_pack.backends.npu.toolchain as toolchain
 
     bin_dir = tmp_path / "compiler" / "ccec_compiler" / "bin"
     bin_dir.mkdir(parents=True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from ascendc_pack.capture import capture
-from ascendc_pack.fuse import fuse
-from ascendc_pack.kernels import FusedKernel
-from ascendc_pack.npu.codegen import render, ub_bytes
-from ascendc_pack.npu.layout import Unsupported, analyze, unsupported_reason
-from ascendc_pack.npu.tiling import SOCS, plan_for, propose
+from ascendc_pack.frontend.capture import capture
+from ascendc_pack.passes.fuse import fuse
+from ascendc_pack.kernels.fused.build import FusedKernel
+from ascendc_pack.backends.npu.codegen import render, ub_bytes
+from ascendc_pack.backends.npu.layout import Unsupported, analyze, unsupported_reason
+from ascendc_pack.backends.npu.tiling import SOCS, plan_for, propose
 from ascendc_pack_runtime.kernels import KernelLibrary
 from tests.kernel_check import Fn
 from tests.npu_check import compile_sources, last_error, target

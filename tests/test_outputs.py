@@ -9,10 +9,10 @@ import textwrap
 import pytest
 import torch
 
-from ascendc_pack.capture import capture
+from ascendc_pack.frontend.capture import capture
 from ascendc_pack.errors import CaptureError, ModelFileError
-from ascendc_pack.executor import run_model
-from ascendc_pack.loader import load_model_file
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.frontend.loader import load_model_file
 from ascendc_pack.pipeline import capture_file, check_reference, compare_outputs
 from ascendc_pack_runtime import outputs as O
 

@@ -15,12 +15,12 @@ import torch
 
 import ascendc_pack
 import ascendc_pack_runtime as rt
-from ascendc_pack import codegen
-from ascendc_pack.autotune import Protocol
-from ascendc_pack.loader import load_model_file
+import ascendc_pack.kernels.fused.codegen as codegen
+from ascendc_pack.autotune.protocol import Protocol
+from ascendc_pack.frontend.loader import load_model_file
 from ascendc_pack.pipeline import compare_outputs
-from ascendc_pack.tune import inline_kernels
-from ascendc_pack.verify import KernelSandbox, compare_output, tolerance
+from ascendc_pack.autotune.python_mode import inline_kernels
+from ascendc_pack.autotune.verify import KernelSandbox, compare_output, tolerance
 
 from .bundle_fixtures import manifest_of, read_bundle
 from .conftest import EXAMPLES
@@ -167,7 +167,7 @@ def test_sandbox_kills_a_hung_worker_and_reports_crashes(tmp_path):
                    '  *static_cast<float *>(o[0]) = *static_cast<const float *>(i[0]) * 2; return 0; }\n')
     so = tmp_path / "k.so"
     subprocess.run(["g++", "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True)
-    from ascendc_pack.verify import SandboxCrashed, SandboxHung, _Arena
+    from ascendc_pack.autotune.verify import SandboxCrashed, SandboxHung, _Arena
 
     sandbox = KernelSandbox()
     arenas = []
@@ -244,9 +244,9 @@ def test_kernel_without_a_compiled_candidate_runs_its_aten_steps(tmp_path, monke
 
 
 def test_inline_kernels_replaces_fused_steps_in_branches_too():
-    from ascendc_pack.capture import capture
-    from ascendc_pack.executor import run_model
-    from ascendc_pack.fuse import fuse
+    from ascendc_pack.frontend.capture import capture
+    from ascendc_pack.frontend.executor import run_model
+    from ascendc_pack.passes.fuse import fuse
 
     lm = load_model_file(EXAMPLES / "cond_model.py")
     captured = capture(lm.module, _clone(lm.example_inputs))
@@ -261,7 +261,7 @@ def test_inline_kernels_replaces_fused_steps_in_branches_too():
 
 
 def test_ctrl_c_while_timing_records_no_failure_and_the_next_call_tunes(tmp_path, monkeypatch):
-    from ascendc_pack import autotune
+    import ascendc_pack.autotune.protocol as autotune
 
     lm = load_model_file(EXAMPLES / "add_sum.py")
     pm = ascendc_pack.compile(lm.module, lm.example_inputs, topn=2, cache_dir=tmp_path, protocol=FAST)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ascendc_pack.cli import main
+from ascendc_pack.cli.main import main
 
 from .conftest import EXAMPLES
 from .runtime_fixtures import eager_reference, example

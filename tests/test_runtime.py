@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.bundle import write_bundle
-from ascendc_pack.executor import run_model
+from ascendc_pack.package.bundle import write_bundle
+from ascendc_pack.frontend.executor import run_model
 from ascendc_pack.pipeline import compare_outputs
 from ascendc_pack_runtime.bundle import open_bundle
 

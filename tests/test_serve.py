@@ -234,7 +234,7 @@ def test_kserve_infer_request_goes_through_the_strict_decoder(bundles, tmp_path)
 
 
 def test_serve_cli_defaults_are_the_serve_options():
-    from ascendc_pack.cli import main
+    from ascendc_pack.cli.main import main
     from ascendc_pack_runtime.server import ServeOptions
 
     d = ServeOptions()
@@ -280,7 +280,7 @@ print("ok")
 def test_serve_cli_errors(tmp_path, bundles):
     from click.testing import CliRunner
 
-    from ascendc_pack.cli import main
+    from ascendc_pack.cli.main import main
 
     r = CliRunner().invoke(main, ["serve", str(tmp_path / "missing.ascpack")])
     assert r.exit_code == 1 and "missing.ascpack" in r.output

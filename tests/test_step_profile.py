@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.cli import main
+from ascendc_pack.cli.main import main
 from ascendc_pack_runtime.step_profile import StepProfile, StepTime
 from ascendc_pack_runtime.tools import run_bundle
 

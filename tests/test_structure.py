@@ -4,7 +4,7 @@ compiler, no module over the size limit.
 Imports are read with ``ast`` from the source, at module level and inside functions alike (a
 function-level import only hides a cycle until the function runs). Not counted: imports under
 ``if TYPE_CHECKING:`` (never executed) and the backend registry's ``"module:Class"`` strings
-(:data:`ascendc_pack.backend.BACKENDS`, a plugin table resolved by name when a backend is
+(:data:`ascendc_pack.backends.registry.BACKENDS`, a plugin table resolved by name when a backend is
 selected). Importing ``pkg.sub`` does not count as importing ``pkg/__init__.py``: every package
 ``__init__`` re-exports its submodules, so that edge would make every package one cycle.
 """

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ascendc_pack.capture import capture
-from ascendc_pack.executor import run_model
-from ascendc_pack.fold import fold_constants
-from ascendc_pack.program import ModelProgram, TacticStep, dump
-from ascendc_pack.tactic_match import UNARY_PATTERNS
-from ascendc_pack.tactic_pass import candidates_for, find_tactics
+from ascendc_pack.frontend.capture import capture
+from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.passes.fold import fold_constants
+from ascendc_pack.ir.program import ModelProgram, TacticStep, dump
+from ascendc_pack.tactics.match import UNARY_PATTERNS
+from ascendc_pack.tactics.rewrite import candidates_for, find_tactics
 
 
 class Fn(nn.Module):

@@ -18,17 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 import ascendc_pack_runtime as rt
-from ascendc_pack import tactics as T
-from ascendc_pack import tactic_tune
-from ascendc_pack.autotune import Protocol
-from ascendc_pack.capture import capture
+import ascendc_pack.tactics.dispatch as T
+import ascendc_pack.tactics.tune as tactic_tune
+from ascendc_pack.autotune.protocol import Protocol
+from ascendc_pack.frontend.capture import capture
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.fold import fold_constants
+from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.pipeline import build, prepare
-from ascendc_pack.tactic_gemm import CONV_TILINGS, GemmTactic
-from ascendc_pack.tactic_pass import find_tactics, in_layout_chain
-from ascendc_pack.tactic_report import manifest_tactics
-from ascendc_pack.tactic_tune import TacticTuner
+from ascendc_pack.tactics.families.gemm import CONV_TILINGS, GemmTactic
+from ascendc_pack.tactics.rewrite import find_tactics, in_layout_chain
+from ascendc_pack.tactics.report import manifest_tactics
+from ascendc_pack.tactics.tune import TacticTuner
 from ascendc_pack_runtime import manifest as contract
 from ascendc_pack_runtime.errors import ManifestFieldError
 

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 import torch
 
-from ascendc_pack import tactics as T
-from ascendc_pack.tactics import AttentionStep, ConvStep, Epilogue, LinearStep
+import ascendc_pack.tactics.dispatch as T
+from ascendc_pack.tactics.dispatch import AttentionStep, ConvStep, Epilogue, LinearStep
 
 from .conftest import ROOT
 
@@ -252,7 +252,7 @@ def test_unreachable_op_is_reported_and_never_offered(monkeypatch):
         T.execute([T.Call("mkldnn::_nope", ())], {})
     step = LinearStep(4, 8, 4)
     real = T.reachable
-    monkeypatch.setattr("ascendc_pack.tactics.dispatch.reachable",
+    monkeypatch.setattr("ascendc_pack.tactics.dispatch.dispatcher.reachable",
                         lambda op: "gone" if op.startswith("mkl::") else real(op))
     assert "mkl" not in {t.name for t in T.candidates(step)}
 
@@ -336,7 +336,7 @@ BENCH_MODELS = {"resnet18": "torchvision", "mobilenet_v3_small": "torchvision", 
 def test_bench_model_loads_and_runs(name):
     """Each bench model file meets the model-file contract and runs eagerly (no downloads)."""
     pytest.importorskip(BENCH_MODELS[name], reason=f"bench/models/{name}.py needs the `bench` extra")
-    from ascendc_pack.loader import load_model_file
+    from ascendc_pack.frontend.loader import load_model_file
 
     path = ROOT / "bench" / "models" / f"{name}.py"
     loaded, again = load_model_file(path), load_model_file(path)

@@ -70,7 +70,7 @@ def test_command_line_entry_points_run_passive(tmp_path_factory):
     assert spin == 0
     _, spin, _ = _python(["-m", "ascendc_pack", "inspect", str(bundle)])
     assert spin == 0
-    script = Path(sys.executable).parent / "ascendc-pack"   # the console script: ascendc_pack.cli:main
+    script = Path(sys.executable).parent / "ascendc-pack"   # the console script: ascendc_pack.cli.main:main
     if script.exists():
         _, spin, _ = _python([str(script), "inspect", str(bundle)])
         assert spin == 0
@@ -210,7 +210,7 @@ def test_serving_instances_share_the_cores(wide, tmp_path):
 
 
 def test_eager_serving_baseline_gets_the_same_cap(write_model):
-    from ascendc_pack.cli import _eager_runner_factory
+    from ascendc_pack.cli.main import _eager_runner_factory
 
     path = write_model("""
 import torch

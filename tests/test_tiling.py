@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from ascendc_pack.fuse import fuse
+from ascendc_pack.passes.fuse import fuse
 from ascendc_pack.pipeline import capture_file
-from ascendc_pack.tiling import MAX_CANDIDATES, Target, propose
+from ascendc_pack.kernels.fused.tiling import MAX_CANDIDATES, Target, propose
 
 from .conftest import EXAMPLE_NAMES, EXAMPLES
 
@@ -68,7 +68,7 @@ def test_split_reductions_declare_a_workspace(fused_examples):
 def _kernel(fn, *inputs):
     import torch
 
-    from ascendc_pack.capture import capture
+    from ascendc_pack.frontend.capture import capture
 
     from .kernel_check import Fn
 
@@ -109,7 +109,7 @@ def test_the_wake_up_cost_is_what_keeps_small_kernels_single_threaded():
 def test_large_kernels_keep_multi_thread_candidates_that_pay_off():
     import torch
 
-    from ascendc_pack.tiling import PAYOFF_MARGIN
+    from ascendc_pack.kernels.fused.tiling import PAYOFF_MARGIN
 
     spec = _kernel(lambda x: torch.softmax(x * 2, -1), torch.randn(2048, 1024))
     cands = propose(spec, Target(cores=2), topn=10)

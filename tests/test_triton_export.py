@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from ascendc_pack.cli import main
-from ascendc_pack.triton_export import export_triton, render_config
+from ascendc_pack.cli.main import main
+from ascendc_pack.package.triton_export import export_triton, render_config
 from ascendc_pack_runtime.model import TensorSpec
 
 from .serve_helpers import build_bundles

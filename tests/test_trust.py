@@ -16,9 +16,9 @@ import torch
 from click.testing import CliRunner
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.cli import main
+from ascendc_pack.cli.main import main
 from ascendc_pack.pipeline import compare_outputs
-from ascendc_pack.signing import generate_key, sign_bundle
+from ascendc_pack.package.signing import generate_key, sign_bundle
 from ascendc_pack_runtime.bundle import open_bundle
 from ascendc_pack_runtime.trust import TrustPolicy, key_id, parse_key
 
@@ -80,7 +80,7 @@ def test_sign_round_trip(add_sum, signed, keys, tmp_path, monkeypatch):
 def _edited_after_signing(signed: Path, resign_key=None) -> bytes:
     """The signed bundle with graph.cpp changed and the manifest's hashes recomputed; its old
     signature kept, or a new one by ``resign_key`` (an attacker re-signing)."""
-    from ascendc_pack.signing import load_private_key, signature_for
+    from ascendc_pack.package.signing import load_private_key, signature_for
 
     p = parts_of(signed)
     sig = p.member("manifest.sig")
@@ -206,7 +206,7 @@ def test_cpp_signing_round_trip_and_refusals(binary, add_sum, signed, keys, tmp_
     proc = _run(binary, copy, "--trusted-key", alice)
     assert proc.returncode == 2 and "does not match manifest.json" in proc.stderr, proc.stderr
     # ... and re-signs it with their own key: a key the policy does not list
-    from ascendc_pack.signing import load_private_key, signature_for
+    from ascendc_pack.package.signing import load_private_key, signature_for
 
     sig = signature_for((copy / "manifest.json").read_bytes(), load_private_key(keys["mallory"][0]))
     (copy / "manifest.sig").write_bytes(sig.to_bytes())

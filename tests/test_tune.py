@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ascendc_pack
-from ascendc_pack.candidate import Candidate
-from ascendc_pack.loader import load_model_file
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.frontend.loader import load_model_file
 from ascendc_pack.pipeline import compare_outputs
 
 from .conftest import EXAMPLES, ROOT
@@ -136,7 +136,7 @@ def test_two_builds_at_once_share_a_consistent_cache(tmp_path):
         import sys, json
         sys.path.insert(0, {str(ROOT)!r})
         import ascendc_pack
-        from ascendc_pack.loader import load_model_file
+        from ascendc_pack.frontend.loader import load_model_file
         lm = load_model_file({str(EXAMPLES / 'add_sum.py')!r})
         pm = ascendc_pack.compile(lm.module, lm.example_inputs, topn=4, cache_dir={str(tmp_path)!r},
                                   calibration_inputs=[lm.example_inputs], jobs=1)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.compiler import isa_features
+from ascendc_pack.toolchain.compiler import isa_features
 from ascendc_pack.pipeline import compare_outputs
 from ascendc_pack_runtime import errors as rt_errors
 from ascendc_pack_runtime import host as rt_host

@@ -10,14 +10,14 @@ import logging
 import pytest
 import torch
 
-import ascendc_pack.gemm as gemm_mod
-import ascendc_pack.render as render_mod
-from ascendc_pack.bundle import _weights_blob
+import ascendc_pack.kernels.gemm.generator as gemm_mod
+import ascendc_pack.graph.render as render_mod
+from ascendc_pack.package.bundle import _weights_blob
 from ascendc_pack.pipeline import build
-from ascendc_pack.program import ModelProgram, Program, TensorSpec
-from ascendc_pack.render import RENDER_CACHE_SUBDIR
-from ascendc_pack.tactic_tune import TacticTuner
-from ascendc_pack.tune import PythonModeModule
+from ascendc_pack.ir.program import ModelProgram, Program, TensorSpec
+from ascendc_pack.graph.render import RENDER_CACHE_SUBDIR
+from ascendc_pack.tactics.tune import TacticTuner
+from ascendc_pack.autotune.python_mode import PythonModeModule
 from ascendc_pack_runtime.archive import read_head
 
 
@@ -140,7 +140,7 @@ class ConvMean(torch.nn.Module):
 
 
 def test_meta_layouts_are_kept_across_builds(tmp_path, monkeypatch, caplog):
-    import ascendc_pack.graph_aten as ga
+    import ascendc_pack.graph.aten as ga
 
     torch.manual_seed(0)
     model, x = ConvMean().eval(), (torch.randn(1, 3, 12, 12),)
@@ -165,7 +165,7 @@ def test_meta_layouts_are_kept_across_builds(tmp_path, monkeypatch, caplog):
 
 
 def test_eager_reference_runs_torch_cond_as_plain_python_and_restores_it():
-    from ascendc_pack.check import check_against_eager, plain_cond
+    from ascendc_pack.frontend.check import check_against_eager, plain_cond
 
     torch.manual_seed(0)
     model = Branchy().eval()

@@ -17,12 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ascendc_pack import winograd
+import ascendc_pack.kernels.conv.winograd as winograd
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.directconv import ConvSpec, ConvSpecError
-from ascendc_pack.directconv_launch import WinogradKernel, eager_reference, random_operands
-from ascendc_pack.gemm import GemmTarget
-from ascendc_pack.winograd import WinoTiling, check_spec, check_tiling, pack_weight, plan, propose
+from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
+from ascendc_pack.kernels.conv.direct_launch import WinogradKernel, eager_reference, random_operands
+from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels.conv.winograd import WinoTiling, check_spec, check_tiling, pack_weight, plan, propose
 from tests.test_directconv import assert_close, compile_cases
 from tests.test_directconv import kernels as direct_kernels
 

@@ -1,5 +1,5 @@
 """``python -m ascendc_pack.bench``: see :mod:`ascendc_pack.bench.command`."""
 
-from .command import main
+from ascendc_pack.bench.command import main
 
 main()

@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import PackError
-from .contenders import MODEL_CONTENDERS
-from .kernels import EXAMPLES, bench_kernels
-from .model import bench_model
-from .machine import load_line
-from .report import BUILD_HEAD, build_row, format_report, text_table
+from ascendc_pack.errors import PackError
+from ascendc_pack.bench.contenders import MODEL_CONTENDERS
+from ascendc_pack.bench.kernels import EXAMPLES, bench_kernels
+from ascendc_pack.bench.model import bench_model
+from ascendc_pack.bench.machine import load_line
+from ascendc_pack.bench.report import BUILD_HEAD, build_row, format_report, text_table
 
 #: the contenders of ``build``: the tuned bundle, AOTInductor, torch.compile's first call
 BUILD_CONTENDERS = ("compile", "compile_freeze", "aoti", "bundleN")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.what == "_serve":
-            from .workers import serve
+            from ascendc_pack.bench.workers import serve
 
             serve()
         elif args.what == "model":

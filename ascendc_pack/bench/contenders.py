@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .machine import host_cores
-from .stats import lead_in, time_calls
+from ascendc_pack.bench.machine import host_cores
+from ascendc_pack.bench.stats import lead_in, time_calls
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
     the number of candidate compiles and its kernel choices. ``tag`` goes into the file name
     (a warm rebuild next to the cold build).
     """
-    from ..loader import load_model_file
+    from ascendc_pack.frontend.loader import load_model_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,8 +105,8 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                 torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
         seconds = time.perf_counter() - t0
     elif kind in ("bundle1", "bundleN"):
-        from ..pipeline import build_file
-        from .kernels import choices_json
+        from ascendc_pack.pipeline import build_file
+        from ascendc_pack.bench.kernels import choices_json
 
         n = 1 if kind == "bundle1" else topn
         path = out / f"{Path(model_file).stem}.topn{n}{tag}.ascpack"
@@ -158,7 +158,7 @@ def reference(model_file: str, data: str) -> dict:
     (the accuracy rule's second look) to ``data``."""
     import copy
 
-    from ..loader import load_model_file
+    from ascendc_pack.frontend.loader import load_model_file
 
     loaded = load_model_file(model_file)
     inputs = list(loaded.example_inputs)
@@ -213,7 +213,7 @@ class Contender:
     @staticmethod
     def _make(cid: str, model_file: str, artifact: str | None, inputs: list):
         """A function that binds the loaded contender to one set of input tensors."""
-        from ..loader import load_model_file
+        from ascendc_pack.frontend.loader import load_model_file
 
         if cid in ("eager", "compile", "compile_freeze"):
             module = load_model_file(model_file).module

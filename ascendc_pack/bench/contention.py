@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 
-from ..errors import ConfigError
-from .machine import host_cores
-from .stats import paired_ratio
+from ascendc_pack.errors import ConfigError
+from ascendc_pack.bench.machine import host_cores
+from ascendc_pack.bench.stats import paired_ratio
 
 SPIN = "while True:\n    pass\n"
 #: seconds after switching the busy process on or off before timing resumes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..errors import PackError
+from ascendc_pack.errors import PackError
 
 INSTALL = "pip install 'ascendc-pack[bench]'"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .machine import load_line
-from .stats import Spread, interleaved_stats
+from ascendc_pack.bench.machine import load_line
+from ascendc_pack.bench.stats import Spread, interleaved_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["add_sum", "mlp", "transformer_block", "cond_model", "inplace", "conv_block"]
@@ -23,8 +23,8 @@ EXAMPLES = ["add_sum", "mlp", "transformer_block", "cond_model", "inplace", "con
 
 def kernel_bytes(spec) -> int:
     """Unique bytes a kernel moves; ``spec`` is a KernelSpec or its JSON (from a build worker)."""
-    from ..fusion_ir import KernelSpec
-    from ..tiling import kernel_bytes as spec_bytes
+    from ascendc_pack.ir.fusion import KernelSpec
+    from ascendc_pack.kernels.fused.tiling import kernel_bytes as spec_bytes
 
     return spec_bytes(spec if isinstance(spec, KernelSpec) else KernelSpec.from_json(spec))
 
@@ -38,7 +38,7 @@ def candidate_runner(step, compiled_candidate, args: list):
     """A no-argument callable running one compiled candidate of ``step`` on ``args``."""
     from ascendc_pack_runtime.kernels import KernelLibrary
 
-    from ..kernels import FusedKernel
+    from ascendc_pack.kernels.fused.build import FusedKernel
 
     k = FusedKernel(step.kernel, KernelLibrary(compiled_candidate.so_path, compiled_candidate.candidate.kernel_key))
     ins, outs = k.prepare_inputs(list(args)), k.allocate_outputs()
@@ -102,7 +102,7 @@ def model_kernel_rows(choices: dict, rounds: int) -> list[dict]:
 
 def _compiled_reference(step):
     """torch.compile of the kernel's ATen steps (Inductor, default mode)."""
-    from ..executor import run_reference_fused
+    from ascendc_pack.frontend.executor import run_reference_fused
 
     def fn(*args):
         return run_reference_fused(step, list(args))
@@ -112,10 +112,10 @@ def _compiled_reference(step):
 
 def _kernel_args(example: str, config) -> tuple[dict, dict]:
     """The prepared kernels of one example and the arguments each gets in a real run."""
-    from ..executor import run_model, run_reference_fused
-    from ..fuse import fuse
-    from ..kernels import prepare_kernels
-    from ..pipeline import capture_file
+    from ascendc_pack.frontend.executor import run_model, run_reference_fused
+    from ascendc_pack.passes.fuse import fuse
+    from ascendc_pack.kernels.fused.build import prepare_kernels
+    from ascendc_pack.pipeline import capture_file
 
     loaded, captured = capture_file(ROOT / "examples" / f"{example}.py")
     fused = fuse(captured.model)
@@ -135,8 +135,8 @@ def _kernel_args(example: str, config) -> tuple[dict, dict]:
 def bench_kernels(examples: list[str], topn: int, cache_dir: str | None, rounds: int) -> str:
     """The ``kernels`` report: per fused kernel of each example, every candidate, eager, torch.compile
     and a same-size memory copy, timed in interleaved rounds in this process."""
-    from ..config import BuildConfig
-    from ..executor import run_reference_fused
+    from ascendc_pack.config import BuildConfig
+    from ascendc_pack.frontend.executor import run_reference_fused
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir)
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; {load_line()}",

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-from . import extras
-from .contention import Spinner, slowdowns
-from .contenders import BUNDLES, BY_ID, MODEL_CONTENDERS, PEERS, label
-from .kernels import model_kernel_rows
-from .machine import host_cores, loadavg
-from .stats import calls_per_sample, latency_stats, paired_ratio, rotated
-from .workers import Local, Worker, WorkerError, cold_start
+from ascendc_pack.bench import extras
+from ascendc_pack.bench.contention import Spinner, slowdowns
+from ascendc_pack.bench.contenders import BUNDLES, BY_ID, MODEL_CONTENDERS, PEERS, label
+from ascendc_pack.bench.kernels import model_kernel_rows
+from ascendc_pack.bench.machine import host_cores, loadavg
+from ascendc_pack.bench.stats import calls_per_sample, latency_stats, paired_ratio, rotated
+from ascendc_pack.bench.workers import Local, Worker, WorkerError, cold_start
 
 #: pause before each sample, so idle OpenMP threads of the previous worker stop spinning
 PAUSE_S = 0.02
@@ -110,7 +110,7 @@ def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     model_file = Path(model_file).resolve()
     if not model_file.is_file() or model_file.suffix != ".py":
-        from ..errors import ModelFileError
+        from ascendc_pack.errors import ModelFileError
 
         raise ModelFileError(f"{model_file}: no such file or not a .py file. Pass the path of a model.py "
                              "file defining get_model() and get_example_inputs().")

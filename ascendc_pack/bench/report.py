@@ -6,10 +6,10 @@ render it. Nothing here prints a number that the run flagged unstable without sa
 
 from __future__ import annotations
 
-from .contenders import BUNDLES, label
-from .kernels import fmt_gbs
-from .machine import load_line
-from .stats import UNSTABLE_REL_IQR
+from ascendc_pack.bench.contenders import BUNDLES, label
+from ascendc_pack.bench.kernels import fmt_gbs
+from ascendc_pack.bench.machine import load_line
+from ascendc_pack.bench.stats import UNSTABLE_REL_IQR
 
 #: build stages in pipeline order (graph_compile is part of bundle)
 STAGES = ("load", "capture", "fuse", "tactics", "compile", "graph_runtime", "tune", "graph_compile", "bundle", "threads",

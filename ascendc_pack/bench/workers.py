@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .contenders import Contender
+from ascendc_pack.bench.contenders import Contender
 
 
 def serve() -> None:

@@ -1,6 +1,6 @@
 """``run --check MODEL.py``: the model file's eager module as the reference of a bundle's outputs.
 
-The runtime has a loader of its own, on purpose, rather than reusing ``ascendc_pack.loader``
+The runtime has a loader of its own, on purpose, rather than reusing ``ascendc_pack.frontend.loader``
 when the compiler happens to be installed: the runtime never imports ``ascendc_pack`` (a bundle
 runs on machines without g++), and ``ascendc-pack run --check`` and ``python -m
 ascendc_pack_runtime run --check`` must behave the same everywhere. It needs less than the

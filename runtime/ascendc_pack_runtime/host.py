@@ -1,6 +1,6 @@
 """This host against a bundle's target: CPU architecture, ISA features, torch release, C++ ABI.
 
-The one home of CPU-feature parsing: ``ascendc_pack.compiler`` (which decides which features a
+The one home of CPU-feature parsing: ``ascendc_pack.toolchain.compiler`` (which decides which features a
 ``-march=native`` build may use) imports :func:`host_cpu_flags` from here, so the compiler and
 the loader read ``/proc/cpuinfo`` the same way.
 """

@@ -1,6 +1,6 @@
 """The bundle contract: ``manifest.json`` as frozen dataclasses (docs/FORMAT.md).
 
-One schema for the writer (``ascendc_pack.bundle`` builds a :class:`Manifest` and writes
+One schema for the writer (``ascendc_pack.package.bundle`` builds a :class:`Manifest` and writes
 :meth:`Manifest.dumps`) and every Python reader (verification, extraction, the model, the
 tools). Each part has
 

@@ -7,7 +7,7 @@ the 2 cores shared by other jobs, eager resnet18 went from 79 ms to 1417 ms, and
 parallel region 500 µs after the last one took 11.5 ms instead of 9 µs (docs/TACTICS.md,
 ``bench/threading_study.py``, ``bench/omp_wakeup.py``). ``OMP_WAIT_POLICY=PASSIVE`` (threads
 sleep at once) costs a futex wake-up per parallel region instead, 6-8 µs here, which the cost
-model plans for (:mod:`ascendc_pack.tiling`).
+model plans for (:mod:`ascendc_pack.kernels.fused.tiling`).
 
 libgomp reads its environment once, when it is loaded - when ``torch`` is imported. So
 importing ``ascendc_pack_runtime`` (or ``ascendc_pack``, which imports it first) *before* torch

@@ -1,6 +1,6 @@
 """The runtime's command-line tools: inspect, verify, run and extract a bundle.
 
-Used by ``ascendc-pack inspect|verify|run`` (click, in ``ascendc_pack.cli``) and by
+Used by ``ascendc-pack inspect|verify|run`` (click, in ``ascendc_pack.cli.main``) and by
 ``python -m ascendc_pack_runtime`` (argparse, for machines with the runtime only). Every
 function returns text / data and an exit status instead of printing, so both front ends share
 one implementation; only torch, zstandard and (for ``--inputs``/``--save-outputs`` .npz files)

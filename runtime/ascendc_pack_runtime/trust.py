@@ -6,7 +6,7 @@ the manifest). A **trust policy** is a set of public keys (``trusted_keys=`` of
 :func:`~ascendc_pack_runtime.load`, or ``ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``); with one set,
 a bundle that is unsigned, signed by another key, or whose manifest changed after signing is
 refused before anything is extracted or loaded. Verifying needs the ``cryptography`` package
-(extra ``sign``); signing lives in ``ascendc_pack.signing``.
+(extra ``sign``); signing lives in ``ascendc_pack.package.signing``.
 
 Key text: ``ed25519:<64 hex digits>`` (the raw 32-byte public key); a key file holds one or more
 such lines (``#`` comments allowed). A key's id is the first 16 hex digits of its sha256.

@@ -1,0 +1,1 @@
+"""The ``ascendc-pack`` command line (:mod:`.main`; signing commands in :mod:`.trust`)."""

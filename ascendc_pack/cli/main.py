@@ -1,0 +1,332 @@
+"""The ``ascendc-pack`` command line (a click group; every command calls the pipeline)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import click
+
+from ascendc_pack import __version__
+from ascendc_pack.cli.trust import register as register_trust_commands, sign_built_bundle
+from ascendc_pack.errors import PackError
+
+
+class PositiveInt(click.ParamType):
+    """An integer >= 1 (shown as INTEGER in --help)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is not a positive integer", param, ctx)
+        return number
+
+
+POSITIVE_INT = PositiveInt()
+
+
+def _fail(exc: Exception) -> None:
+    click.secho(f"error: {exc}", fg="red", err=True)
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ascendc-pack")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress at info level (logger `ascendc_pack`).")
+def main(verbose: bool) -> None:
+    """Tune a PyTorch model's fused CPU kernels on real inputs and package them."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("model_file", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the program as JSON instead of text.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Run the reference executor on the example and calibration inputs and compare with eager.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of --check (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of --check (default: per dtype).")
+def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
+    """Capture MODEL_FILE with torch.export and print its Program.
+
+    With --check (the default) the reference executor runs the Program on every input set and
+    compares outputs and input mutations with eager PyTorch.
+    """
+    from ascendc_pack.pipeline import capture_file, check_reference
+
+    try:
+        t0 = time.perf_counter()
+        loaded, captured = capture_file(model_file)
+        elapsed = time.perf_counter() - t0
+        if as_json:
+            click.echo(captured.model.dumps())
+        else:
+            from ascendc_pack.ir.program import dump
+
+            from ascendc_pack.passes.fuse import fuse
+            from ascendc_pack.ir.program import fusion_summary
+
+            click.echo(dump(captured.model), nl=False)
+            click.echo(fusion_summary(fuse(captured.model)))
+            click.echo(f"captured in {elapsed:.2f} s")
+        if check:
+            for report in check_reference(loaded, captured, atol=atol, rtol=rtol):
+                click.echo(report, err=as_json)
+    except PackError as exc:
+        _fail(exc)
+
+
+@main.command()
+@click.argument("model_file", type=str)
+@click.option("--topn", default=None, type=POSITIVE_INT, help="Candidates per fused kernel, 1-10 (env TORCHINDUCTOR_ASCENDC_AUTOTUNE_TOPN; default 1 = no PGO).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Bundle path (default: <model name>.ascpack).")
+@click.option("--cores", default=None, type=POSITIVE_INT, help="Core limit: every kernel's block_dim <= N (default: all cores).")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Kernel cache root (env TORCHINDUCTOR_CACHE_DIR).")
+@click.option("--jobs", default=None, type=POSITIVE_INT, help="Parallel candidate compiles (env TORCHINDUCTOR_COMPILE_THREADS).")
+@click.option("--march", default=None, help="g++ -march target of the kernels, e.g. x86-64-v3 for fleets (default native).")
+@click.option("--backend", default=None, help="Target device backend: cpu (default) or npu (AscendC kernels).")
+@click.option("--emulate", is_flag=True, default=False,
+              help="With --backend npu: compile the AscendC kernels against the CPU emulation and run the npu pipeline here.")
+@click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Load the new bundle and compare it with eager on the example and calibration inputs before writing it.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
+@click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, debug, verify, atol, rtol, sign_key):
+    """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
+
+    Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
+    stops the build cleanly (exit 130): the bundle is not written, finished kernels stay cached.
+    """
+    from ascendc_pack.backends.registry import backend_key, check_backend_name, get_backend
+    from ascendc_pack.pipeline import build_file
+
+    try:
+        t0 = time.perf_counter()
+        backend = backend_key(backend, emulate)
+        if backend is not None:
+            get_backend(check_backend_name(backend, "--backend"))  # fails now, before the model is loaded
+        result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
+                            jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
+                            verify=verify, atol=atol, rtol=rtol)
+    except PackError as exc:
+        _fail(exc)
+        return
+    except KeyboardInterrupt:
+        click.secho("interrupted: no bundle was written; kernels that finished compiling or tuning "
+                    "stay in the cache", fg="yellow", err=True)
+        sys.exit(130)
+    click.echo(result.summary())
+    stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in result.seconds.items())
+    size = result.output.stat().st_size
+    click.echo(f"wrote {result.output} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s ({stages}); "
+               f"{result.kernels_compiled} candidate compiles, {result.cache_hits} cached, "
+               f"{result.compile_failures} failed; {result.kernels_profiled} kernels profiled, "
+               f"{result.candidates_disqualified} candidates disqualified"
+               + (f"; {len(result.fallbacks)} kernels fell back to ATen" if result.fallbacks else ""))
+    sign_built_bundle(result.output, sign_key)
+
+
+@main.command()
+@click.argument("model_file", type=str)
+@click.option("--topn", default=4, show_default=True, type=int, help="Candidates per kernel of the tuned bundle.")
+@click.option("--repeat", default=20, show_default=True, type=int, help="Interleaved timing rounds.")
+@click.option("--cold-runs", default=5, show_default=True, type=int, help="Cold-start processes per artifact.")
+@click.option("--contenders", default=None,
+              help="Comma-separated subset of eager,compile,compile_freeze,aoti,ort,bundle1,bundleN.")
+@click.option("--same-process", is_flag=True, help="Time every contender in this process (default: one process each).")
+@click.option("--contention", is_flag=True, help="Also time each contender with one core kept busy by another process.")
+@click.option("--busy-core", default=None, type=int, help="Pin the busy process to this core (default: not pinned).")
+@click.option("--rebuild", is_flag=True, help="Also rebuild the tuned bundle on its warm cache (build-time table).")
+@click.option("--idle-bursts", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Times per contender the first call after 0.3 s of idle is timed (0: skip).")
+@click.option("--work-dir", default=None, help="Keep artifacts and worker logs here (default: a temp dir).")
+@click.option("--json", "json_path", default=None, help="Also write the raw results as JSON.")
+def bench(model_file, topn, repeat, cold_runs, contenders, same_process, contention, busy_core, rebuild, idle_bursts,
+          work_dir, json_path):
+    """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime and the bundle.
+
+    Same as `python -m ascendc_pack.bench model`; the protocol is in docs/PERFORMANCE.md.
+    Needs the `bench` extra for ONNX Runtime (pip install 'ascendc-pack[bench]').
+    """
+    from ascendc_pack.bench.command import bench_model_main
+
+    try:
+        bench_model_main(model_file, topn=topn, repeat=repeat, cold_runs=cold_runs, contenders=contenders,
+                         same_process=same_process, work_dir=work_dir, json_path=json_path,
+                         contention=contention, busy_core=busy_core, rebuild=rebuild, idle_bursts=idle_bursts)
+    except (PackError, ValueError) as exc:
+        _fail(exc)
+
+
+@main.command()
+@click.argument("bundle", type=str)
+@click.option("--name", default=None, help="Model name in the URLs (default: the bundle's model name).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to listen on. Loopback by default: no authentication or TLS; pass 0.0.0.0 to serve other machines (e.g. in a container).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="HTTP port.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Model instances serving requests in parallel (each loads the bundle: own buffers).")
+@click.option("--access-log/--no-access-log", default=True, show_default=True, help="Log one line per request.")
+@click.option("--max-body-mb", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Refuse request bodies larger than this after decompression (413); default 1 MiB + 16 x the input bytes.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's line and headers to arrive (408 and close after).")
+@click.option("--body-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds for a request's whole body to arrive after its headers (408 and close after).")
+@click.option("--keep-alive", default=15.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds an idle kept-alive connection stays open (behind a proxy: above the proxy's idle timeout).")
+@click.option("--limit-concurrency", default=64, show_default=True, type=click.IntRange(1),
+              help="Connections plus requests in flight; beyond it the server answers 503.")
+@click.option("--threads", default=None, type=POSITIVE_INT,
+              help="Thread cap of each instance's calls: fused kernels and torch's intra-op threads (default: none for one worker, torch's threads // workers for several).")
+@click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
+              help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
+def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
+          limit_concurrency, threads, eager_model):
+    """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
+
+    Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
+    HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
+    OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE unless you set
+    OMP_WAIT_POLICY or GOMP_SPINCOUNT): see the README's runtime threading section.
+    """
+    from ascendc_pack_runtime.errors import BundleError
+    from ascendc_pack_runtime.server import ServeOptions, serve as serve_bundle
+    from ascendc_pack_runtime.threads import per_instance_threads
+
+    factory = None
+    try:
+        options = ServeOptions(host=host, port=port, workers=workers, threads=threads, access_log=access_log,
+                               max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
+                               header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                               keep_alive_s=keep_alive, limit_concurrency=limit_concurrency)
+        if eager_model is not None:
+            factory = _eager_runner_factory(eager_model, per_instance_threads(workers, threads))
+        serve_bundle(bundle, options, name=name, runner_factory=factory,
+                     platform="pytorch_eager" if eager_model else None)
+    except (BundleError, PackError, ValueError, ImportError) as exc:
+        _fail(exc)
+
+
+def _eager_runner_factory(model_file: str, threads: int | None = None):
+    """Runners that call the eager module of MODEL_FILE (one module shared: eval, no_grad), with
+    the bundle's thread cap on torch's intra-op threads."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from ascendc_pack_runtime.threads import intra_op_threads
+
+    from ascendc_pack.frontend.loader import load_model_file
+
+    module = load_model_file(model_file).module
+
+    def make():
+        def run(*inputs):
+            with torch.no_grad(), intra_op_threads(threads):
+                return pytree.tree_leaves(module(*inputs))
+        return run
+
+    return make
+
+
+@main.command("export-triton")
+@click.argument("bundle", type=str)
+@click.option("-o", "--output", "repo", required=True, type=click.Path(file_okay=False),
+              help="Model repository directory (created if missing); the model goes to REPO/NAME/.")
+@click.option("--name", default=None, help="Model name (default: the bundle's model name).")
+@click.option("--instances", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="instance_group count (KIND_CPU): Triton runs one Python stub process per instance.")
+@click.option("--vendor-runtime/--no-vendor-runtime", default=True, show_default=True,
+              help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy and zstandard).")
+@click.option("--force", is_flag=True, help="Replace REPO/NAME if it exists.")
+def export_triton(bundle, repo, name, instances, vendor_runtime, force):
+    """Write a Triton Inference Server model repository (Python backend) for BUNDLE."""
+    from ascendc_pack_runtime.errors import BundleError
+
+    from ascendc_pack.package.triton_export import export_triton as export
+
+    try:
+        result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force)
+    except (BundleError, PackError, ValueError) as exc:
+        _fail(exc)
+        return
+    click.echo(f"wrote {result.model_dir} (config.pbtxt, 1/model.py, 1/{result.bundle.name}"
+               f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); run: tritonserver --model-repository {result.repo}")
+
+
+# --- runtime tools: inspect / verify / run a bundle (ascendc_pack_runtime.tools; no compiler) ---
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def inspect(bundle: str, as_json: bool) -> None:
+    """Summarize BUNDLE: model, target, inputs/outputs, per-kernel choice with every candidate's
+    timing and whether PGO visited it (reads the manifest only)."""
+    from ascendc_pack_runtime.tools import inspect_bundle
+
+    text, rc = inspect_bundle(bundle, as_json)
+    click.echo(text, err=rc != 0)
+    sys.exit(rc)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--trusted-key", "trusted_keys", multiple=True, help="Require a signature by this public key (ed25519:<hex> or a .pub file; repeatable; default $ASCENDC_PACK_RUNTIME_TRUSTED_KEYS).")
+def verify(bundle: str, trusted_keys: tuple[str, ...]) -> None:
+    """Run every load-time check on BUNDLE without loading it: zstd frame and checksum, member
+    list, sizes, sha256, safe names and types, size caps, manifest fields, and this host's CPU
+    features, torch and C++ ABI. Exit 0 when it would load, else 1 with one line per problem."""
+    from ascendc_pack_runtime.tools import verify_lines
+
+    lines, rc = verify_lines(bundle, list(trusted_keys) or None)
+    click.echo("\n".join(lines))
+    sys.exit(rc)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--inputs", "inputs_file", default=None, type=click.Path(dir_okay=False),
+              help="An .npz with one array per model input (named after the inputs, or in order).")
+@click.option("--random", "random_inputs", is_flag=True, help="Random inputs of the manifest's shapes (the default).")
+@click.option("--repeat", default=20, show_default=True, type=int, help="Timed calls.")
+@click.option("--warmup", default=1, show_default=True, type=int, help="Untimed calls first.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
+@click.option("--threads", default=None, type=POSITIVE_INT,
+              help="Cap every call at N threads: the fused kernels and torch's intra-op threads (default: no cap).")
+@click.option("--check", "check_file", default=None, metavar="MODEL.py", type=click.Path(dir_okay=False),
+              help="Compare the outputs with MODEL.py's eager module on the same inputs; exit 1 on a mismatch.")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of --check (default: per dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of --check (default: per dtype).")
+@click.option("--save-outputs", default=None, metavar="F.npz", type=click.Path(dir_okay=False),
+              help="Write the outputs to an .npz, one array per output named as in the manifest (needs numpy).")
+@click.option("--profile", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Also profile N calls (torch.profiler) and print the slowest steps and the time per kernel / ATen op.")
+def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, warmup: int, seed: int,
+        threads: int | None, check_file: str | None, atol, rtol, save_outputs: str | None, profile: int) -> None:
+    """Load BUNDLE with the minimal runtime, run it and print the outputs' dtypes and shapes and
+    the latency percentiles p50/p90/p99; with --check, the error of every output against the
+    eager model (and the allowed error); with --profile N, where the time of a call goes, step
+    by step."""
+    from ascendc_pack_runtime.tools import run_bundle
+
+    if inputs_file and random_inputs:
+        _fail(ValueError("pass either --inputs FILE.npz or --random, not both"))
+    lines, rc, _ = run_bundle(bundle, inputs_file=inputs_file, repeat=repeat, warmup=warmup, seed=seed,
+                              threads=threads, check=check_file, atol=atol, rtol=rtol, save_outputs=save_outputs,
+                              profile=profile)
+    click.echo("\n".join(lines), err=rc != 0)
+    sys.exit(rc)
+
+
+register_trust_commands(main)   # keygen, sign (ascendc_pack/cli_trust.py)

@@ -1,0 +1,1 @@
+"""The generated fused-attention kernel family (docs/ATTENTION.md)."""

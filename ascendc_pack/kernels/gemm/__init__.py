@@ -1,0 +1,1 @@
+"""The generated GEMM kernel family (docs/GEMM.md): generator and in-process launcher."""

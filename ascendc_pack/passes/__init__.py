@@ -1,0 +1,2 @@
+"""Graph passes over the captured Program: constant folding, copy elision, fusion into
+kernel specs, lowering of fused ops."""

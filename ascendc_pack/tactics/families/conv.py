@@ -1,0 +1,333 @@
+"""Generated convolution kernels as tactic candidates of convolution steps (docs/TACTICS.md).
+
+Kernel families, all float32 with a bias or a folded BatchNorm, a residual ``add`` and one
+activation fused:
+
+* ``dwconv`` (:mod:`ascendc_pack.kernels.conv.depthwise`, docs/DWCONV.md): depthwise convolutions (channel
+  multiplier 1, any kernel size, stride, padding and dilation); weight packed ``[kh, kw, C]``;
+* ``directconv`` (:mod:`ascendc_pack.kernels.conv.direct`, docs/DIRECTCONV.md): dense convolutions
+  (groups 1) but the 1x1 stride-1 ones, which are GEMMs (:mod:`ascendc_pack.tactics.families.gemm`);
+  weight packed in output-channel blocks of the candidate's ``ocb``;
+* ``directconv_nchw``: the same kernel reading an entry step's NCHW ``x`` (and residual) in place;
+* ``winograd`` (:mod:`ascendc_pack.kernels.conv.winograd`, docs/WINOGRAD.md): 3x3 stride-1 dense convolutions
+  with at least :data:`~ascendc_pack.kernels.conv.winograd.MIN_CHANNELS` input channels as Winograd F(2x2, 3x3)
+  (2.25x fewer multiply-adds); weight transformed and packed at build.
+
+A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
+kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
+channels_last ``x``; an NCHW one is copied, which the candidate's timing pays like the graph
+does; one copy when the residual is ``x`` itself), or NCHW for ``directconv_nchw``, and the
+weight packed at build (the BatchNorm folded in, stored in the bundle), and writes
+the channels_last output. Like a generated GEMM it is verified in the kernel sandbox before it
+is timed, and a chosen one launches from graph.cpp like a fused kernel, its library a bundle
+member.
+
+A *family* (:class:`Family`) is what one kernel generator provides: the spec of a step (or None
+when the step is not its kind), planning (candidates + sources), the launcher, the build-time
+weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+import ascendc_pack.kernels.conv.direct as directconv
+import ascendc_pack.kernels.conv.depthwise as dwconv
+import ascendc_pack.kernels.conv.winograd as winograd
+from ascendc_pack.cache import stable_hash
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.toolchain.compiler import compile_kernels
+from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
+from ascendc_pack.kernels.conv.direct_launch import ConvKernel, WinogradKernel
+from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
+from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.ir.program import TacticStep, TensorSpec
+from ascendc_pack.tactics.families.gemm import epilogue_steps
+from ascendc_pack.tactics.rewrite import CL as CL_NAME  # a step description's layout
+from ascendc_pack.autotune.verify import verify_in_sandbox
+
+log = logging.getLogger("ascendc_pack")
+
+CL = torch.channels_last
+MIN_DIRECT_CHANNELS = 8
+"""The direct convolution vectorizes over output channels: fewer than a vector's worth is slow."""
+CONV_KERNEL_TILINGS = 1
+"""Tilings of a convolution's generated kernel compiled per step (the cost model's first ones):
+efficientnet_b0 has 16 depthwise convolutions and each tiling is a compile in the cold build; the
+depthwise cost model was fitted to measured candidates (docs/DWCONV.md)."""
+WINOGRAD_TILINGS = 2
+"""The Winograd kernel's: its estimate ranks output-channel blocks and band modes within ~20 %,
+so PGO times the best and the best of another block or mode (measured 10-40 % apart)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One convolution kernel generator, as the tactic pipeline uses it."""
+
+    name: str
+    spec_of: Callable[[TacticStep], object | None]
+    spec_from_json: Callable[[dict], object]
+    plan: Callable            # (spec, config, target) -> a build with .candidates and .build (KernelBuild)
+    launcher: Callable        # (spec, so_path, kernel_key) -> kernel(x, weight, bias, residual)
+    weights: Callable         # (spec, candidate, named weights, affine) -> {"weight": ..., "bias": ...}
+    tilings: int = CONV_KERNEL_TILINGS  # the cost model's first tilings compiled per step
+
+
+def _fusable(step: TacticStep) -> bool:
+    """float32, and an epilogue the kernels fuse: a residual ``add`` and one activation at most."""
+    epi = step.desc["epilogue"]
+    return step.desc["dtype"] == "float32" and epi["binary"] in (None, "add") \
+        and (epi["unary"] is None or epi["unary"] in UNARY_OPS)
+
+
+def _spec(make, step: TacticStep):
+    """``make(desc, bias, epilogue)``'s spec for ``step``, or None when the kernel refuses it."""
+    d, epi = step.desc, step.desc["epilogue"]
+    try:
+        return make(d, bool(d["bias"] or epi["affine"]), epilogue_steps(epi))
+    except (dwconv.DwConvSpecError, directconv.ConvSpecError) as e:
+        log.debug("no generated kernel for %s: %s", step.name, e)
+        return None
+
+
+def _dw_spec(step: TacticStep):
+    d = step.desc
+    c = d["x_shape"][1]
+    if d["groups"] != c or d["out_channels"] != c or not _fusable(step):
+        return None
+    return _spec(lambda d, bias, epi: dwconv.DwConvSpec.from_conv(
+        f"dwconv_{step.name}", tuple(d["x_shape"]), tuple(d["kernel"]), tuple(d["stride"]), tuple(d["padding"]),
+        tuple(d["dilation"]), bias=bias, epilogue=epi), step)
+
+
+def _direct_spec(step: TacticStep, in_place: bool = False):
+    """The direct convolution of ``step`` reading NHWC memory (an NCHW ``x`` copied first), or with
+    ``in_place`` an entry step's NCHW ``x`` (and residual) as they arrive (None for other steps)."""
+    d = step.desc
+    gemm = tuple(d["kernel"]) == (1, 1) and tuple(d["stride"]) == (1, 1) and tuple(d["padding"]) == (0, 0)
+    if d["groups"] != 1 or gemm or d["out_channels"] < MIN_DIRECT_CHANNELS or not _fusable(step):
+        return None
+    arrives_nchw = d.get("position") != "interior" and d["layout"] != CL_NAME
+    if in_place and not arrives_nchw:
+        return None
+    layouts = dict(x_layout="nchw", residual_layout="nhwc" if d.get("other_layout") == CL_NAME else "nchw") \
+        if in_place else {}
+    return _spec(lambda d, bias, epi: directconv.ConvSpec.from_conv(
+        f"directconv{'_nchw' if in_place else ''}_{step.name}", tuple(d["x_shape"]),
+        (d["out_channels"], d["x_shape"][1], *d["kernel"]), tuple(d["stride"]), tuple(d["padding"]),
+        tuple(d["dilation"]), bias=bias, epilogue=epi, **layouts), step)
+
+
+def _winograd_spec(step: TacticStep):
+    """The Winograd F(2x2, 3x3) convolution of a 3x3 stride-1 ``step`` (None for other steps)."""
+    spec = _direct_spec(step)
+    if spec is None or spec.c_in < winograd.MIN_CHANNELS:
+        return None
+    try:
+        spec = dataclasses.replace(spec, name=spec.name.replace("directconv_", "winograd_", 1))
+        winograd.check_spec(spec)
+    except directconv.ConvSpecError as e:
+        log.debug("no Winograd kernel for %s: %s", step.name, e)
+        return None
+    return spec
+
+
+def _packed(pack):
+    """The build-time weights of a family whose kernel reads ``pack(weight, candidate)``: the
+    BatchNorm folded in first."""
+    def weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
+        w, b = named["weight"], named.get("bias")
+        if affine:
+            w, b = fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
+        return {"weight": pack(w, candidate), **({"bias": b.contiguous()} if b is not None else {})}
+
+    return weights
+
+
+_direct_weights = _packed(lambda w, cand: directconv.pack_weight(w, directconv.ConvTiling.parse(cand.tiling_repr).ocb))
+# A step may get kernels of several families (an entry convolution: the direct kernel on a copy
+# of its NCHW input and the one reading it in place; PGO picks: in place was 8 % faster on
+# resnet18's 3-channel stem, 28 % slower in CPU time on conv_block's 32 channels of 56x56)
+FAMILIES = {f.name: f for f in (
+    Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel,
+           _packed(lambda w, cand: dwconv.pack_weight(w))),
+    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_weights),
+    Family("directconv_nchw", lambda step: _direct_spec(step, in_place=True), directconv.ConvSpec.from_json,
+           directconv.plan, ConvKernel, _direct_weights),
+    Family("winograd", _winograd_spec, directconv.ConvSpec.from_json, winograd.plan, WinogradKernel,
+           _packed(lambda w, cand: winograd.pack_weight(w, winograd.WinoTiling.parse(cand.tiling_repr).ocb)),
+           WINOGRAD_TILINGS))}
+
+
+@dataclass(frozen=True)
+class ConvKernelTactic:
+    """One tiling of a convolution step's generated kernel, as a tactic candidate. ``affine``:
+    the step's BatchNorm is still to be folded into the weights (False once lowered)."""
+
+    family: str
+    spec: object
+    candidate: Candidate
+    so_path: str
+    rank: int
+    affine: bool = False
+
+    kind = "conv"
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}#{self.rank}"
+
+    @property
+    def key(self) -> str:
+        """The candidate's key among the step's: its kernel's name and key (one tiling of two
+        families' kernels has one ``kernel_key``, unique within a kernel name only)."""
+        return stable_hash(self.spec.name, self.candidate.kernel_key)[:32]
+
+    def param(self, key: str, default=None):
+        """``layout``: the format ``x`` is read in; ``out_layout``: always channels_last."""
+        return {"layout": "contiguous" if self.x_layout == "nchw" else CL_NAME, "out_layout": CL_NAME}.get(key, default)
+
+    @property
+    def x_layout(self) -> str:
+        return getattr(self.spec, "x_layout", "nhwc")
+
+    @property
+    def residual_layout(self) -> str:
+        return getattr(self.spec, "residual_layout", "nhwc")
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.spec.out_shape
+
+    def to_json(self) -> dict:
+        c = self.candidate
+        return {"kind": "conv", "name": self.name, "family": self.family, "spec": self.spec.to_json(),
+                "kernel_key": c.kernel_key, "tiling_repr": c.tiling_repr, "workspace": c.workspace,
+                "block_dim": c.block_dim, "affine": self.affine}
+
+    def lowered(self) -> dict:
+        """What a lowered step keeps (``TacticStep.chosen``): its weights are folded and packed,
+        the library's path in the build cache (Python mode; the bundle names its own member)."""
+        return {**self.to_json(), "affine": False, "kernel": self.spec.name, "so_path": self.so_path}
+
+    def kernel_weights(self, named: dict) -> dict:
+        """The weights the kernel reads (``weight`` packed, ``bias``), from the step's weights."""
+        return FAMILIES[self.family].weights(self.spec, self.candidate, named, self.affine)
+
+    @staticmethod
+    def from_lowered(chosen: dict) -> ConvKernelTactic:
+        fam = FAMILIES[chosen["family"]]
+        cand = Candidate(chosen["tiling_repr"], chosen["workspace"], chosen["block_dim"])
+        return ConvKernelTactic(fam.name, fam.spec_from_json(chosen["spec"]), cand, chosen["so_path"], 0, False)
+
+
+def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, list[tuple[str, object]]]:
+    """``[(family, build), ...]`` of every convolution step kernel families take (by step name),
+    each with its family's first ``tilings`` candidates rendered."""
+    out: dict[str, list] = {}
+    target = None
+    for s in steps:
+        for fam in FAMILIES.values():
+            spec = fam.spec_of(s) if s.tactic_kind == "conv" else None
+            if spec is not None:
+                target = target or GemmTarget.detect(config.effective_cores, config.march)
+                cfg = dataclasses.replace(config, topn=min(config.topn, fam.tilings))
+                out.setdefault(s.name, []).append((fam.name, fam.plan(spec, cfg, target)))
+    return out
+
+
+def compile_conv_kernel_plans(plans: dict, affine: dict, config, progress=None) -> dict[str, list[ConvKernelTactic]]:
+    """Compile every planned kernel (one ``compile_kernels`` call, cached like fused kernels);
+    the candidates that compiled, as tactics, by step name (``affine[name]``: the step folds a
+    BatchNorm)."""
+    if not plans:
+        return {}
+    out: dict[str, list[ConvKernelTactic]] = {name: [] for name in plans}
+    flat = [(name, family, b) for name, builds in plans.items() for family, b in builds]
+    compiled = compile_kernels([b.build for _, _, b in flat], config, progress)
+    for (name, family, b), ck in zip(flat, compiled):
+        for rank, (cand, cc) in enumerate(zip(b.candidates, ck.candidates)):
+            if not cc.ok:
+                log.info("%s %s candidate #%d did not compile", family, b.spec.name, rank)
+                continue
+            out[name].append(ConvKernelTactic(family, b.spec, cc.candidate, str(cc.so_path), rank, affine[name]))
+    return out
+
+
+MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
+
+
+def in_layout(t: torch.Tensor, layout: str) -> bool:
+    """``t`` is stored as a kernel reading ``layout`` ("nhwc" / "nchw") needs it."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=MEMORY_FORMATS[layout])
+
+
+class ConvKernelRunner:
+    """One candidate on a step's named tensors: weights folded and packed once; :meth:`verify`
+    runs it in the kernel sandbox, and only then may it be called in-process. A call is what the
+    graph runs: the bound launch (on ``pool`` when given) after the copy of an operand that
+    arrives NCHW."""
+
+    def __init__(self, t: ConvKernelTactic, named: dict, pool: int | None = None):
+        self.t = t
+        self.kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
+        w = t.kernel_weights(named)
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.x_spec = TensorSpec.of(named["x"])
+        x = self._stored(named["x"], t.x_layout)
+        ins = [x, w["weight"]] + ([w["bias"]] if "bias" in w else [])
+        if "other" in named:  # a residual that is x (conv_block) shares its copy
+            same = named["other"] is named["x"] and t.residual_layout == t.x_layout
+            ins.append(x if same else self._stored(named["other"], t.residual_layout))
+        self.ins = ins
+        self.out = torch.empty(t.out_shape, memory_format=CL)
+        self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer, pool=pool)
+
+    def _stored(self, t: torch.Tensor, layout: str) -> torch.Tensor:
+        """``t`` in ``layout`` (the kernel's): itself, or a copy refreshed before every call."""
+        if in_layout(t, layout):
+            return t
+        buf = torch.empty_like(t, memory_format=MEMORY_FORMATS[layout])
+        buf.copy_(t)
+        self._copies.append((buf, t))
+        return buf
+
+    def __call__(self) -> torch.Tensor:
+        for dst, src in self._copies:
+            dst.copy_(src)
+        if self._launch() != 0:
+            raise RuntimeError(f"{self.t.family} {self.t.spec.name} ({self.t.key}) failed")
+        return self.out
+
+    def verify(self, expected: torch.Tensor, ref64, sandbox, timeout_s: float) -> dict | None:
+        """Run the candidate once in the kernel sandbox; None if its output matches the
+        reference by the accuracy rule, else the disqualification record."""
+        return verify_in_sandbox(sandbox, self.t.so_path, self.t.candidate.workspace, self.ins,
+                                 (self.t.out_shape, torch.float32, self.out.stride()), timeout_s, expected, ref64)
+
+    def values(self) -> dict[str, TensorSpec]:
+        return {"x": self.x_spec, "out": TensorSpec.of(self.out)}
+
+
+def lowered_conv_kernel_runner(chosen: dict, named: dict):
+    """Python mode of a lowered step (``TacticStep.chosen``; ``named`` holds the packed weight):
+    returns ``run(named) -> the step's output`` (channels_last; ``x`` and the residual
+    relayouted when they arrive in another layout than the kernel's)."""
+    t = ConvKernelTactic.from_lowered(chosen)
+    kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
+
+    layouts = {"x": t.x_layout, "other": t.residual_layout}
+
+    def run(named: dict) -> torch.Tensor:
+        act = {n: v.contiguous(memory_format=MEMORY_FORMATS[layouts[n]]) for n, v in named.items() if n in layouts}
+        return kernel(act["x"], named["weight"], named.get("bias"), act.get("other"))
+
+    return run
+
+
+__all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels", "in_layout",
+           "compile_conv_kernel_plans", "lowered_conv_kernel_runner", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS"]
