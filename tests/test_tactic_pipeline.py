@@ -25,7 +25,7 @@ from ascendc_pack.frontend.capture import capture
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.pipeline import build, prepare
-from ascendc_pack.tactics.families.gemm import CONV_TILINGS, GemmTactic
+from ascendc_pack.tactics.families.gemm import CONV_TILINGS
 from ascendc_pack.tactics.rewrite import find_tactics, in_layout_chain
 from ascendc_pack.tactics.report import manifest_tactics
 from ascendc_pack.tactics.tune import TacticTuner
@@ -137,7 +137,7 @@ def test_every_kind_builds_tunes_and_matches_eager_in_a_fresh_process(tmp_path, 
     assert "tactics  " in text and "aten ops " in text
 
 
-PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"), ("onednn_cl", "kernel#0")]
+PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"), ("onednn_cl", "attention#0")]
 
 
 @pytest.mark.parametrize("prefer", PREFERENCES, ids=["-".join(p) for p in PREFERENCES])
@@ -163,7 +163,7 @@ def test_every_candidate_renders_in_the_graph(tmp_path, cache, monkeypatch, pref
     source = _member(out, "graph.cpp").decode()
     if "onednn" in prefer:
         assert "(at load)" in source and "mkldnn::_reorder" in source  # packed once, at load
-    if "kernel#0" in prefer:  # the generated attention kernel: launched from graph.cpp, a bundle member
+    if "attention#0" in prefer:  # the generated attention kernel: launched from graph.cpp, a bundle member
         m = rt.read_manifest(out)
         attn = [k for k in m.kernels if k.name.startswith("attention_")]
         assert attn and all(k.file in m.libraries() for k in attn) and "= attention_" in source
@@ -194,7 +194,7 @@ def test_a_key_padding_mask_runs_in_the_generated_attention_kernel(tmp_path, cac
         for s in self.instances:
             names = [t.name for t in self.choices[s.name].candidates]
             if s.tactic_kind == "attention":
-                out[id(s)] = names.index("kernel#0")
+                out[id(s)] = names.index("attention#0")
         return out
 
     monkeypatch.setattr(TacticTuner, "decisions", forced)
@@ -226,12 +226,12 @@ def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch
         out = real(self)
         for s in self.instances:
             cands = self.choices[s.name].candidates
-            pick = [i for i, t in enumerate(cands) if isinstance(t, GemmTactic) and t.b_packed == packed]
+            pick = [i for i, t in enumerate(cands) if getattr(t, "family", None) == "gemm" and t.extra["b_packed"] == packed]
             if pick and id(s) in self.reached:
                 out[id(s)] = pick[0]
-            elif isinstance(cands[out[id(s)]], GemmTactic):  # a 1x1 convolution's only tiling:
+            elif cands[out[id(s)]].family == "gemm":  # a 1x1 convolution's only tiling:
                 # another candidate of its chain's layout (a chain never mixes layouts)
-                out[id(s)] = next(i for i, t in enumerate(cands) if in_layout_chain(t) and not isinstance(t, GemmTactic))
+                out[id(s)] = next(i for i, t in enumerate(cands) if in_layout_chain(t) and t.family != "gemm")
         return out
 
     monkeypatch.setattr(TacticTuner, "decisions", forced)
@@ -419,13 +419,13 @@ def test_gated_mlp_multiplies_in_the_gemm_epilogue(tmp_path, cache, monkeypatch)
             return self.down(F.silu(self.gate(x)) * self.up(x))
 
     monkeypatch.setattr(TacticTuner, "decisions", lambda self: {
-        id(s): next((i for i, t in enumerate(self.choices[s.name].candidates) if isinstance(t, GemmTactic)), 0)
+        id(s): next((i for i, t in enumerate(self.choices[s.name].candidates) if t.family == "gemm"), 0)
         for s in self.instances})
     torch.manual_seed(0)
     model, x = Gated().eval(), torch.randn(2, 6, 16)
     res, out = _build(tmp_path, cache, model, (x,))
     (up,) = [ch for ch in res.tactics.values() if ch.desc["epilogue"]["binary"] == "mul"]
-    gemms = [(t, r) for t, r in zip(up.candidates, up.results) if isinstance(t, GemmTactic)]
+    gemms = [(t, r) for t, r in zip(up.candidates, up.results) if t.family == "gemm"]
     assert gemms and all(t.spec.epilogue == ("mul",) and r.error is None for t, r in gemms)
-    assert all(isinstance(ch.candidates[u["chosen_index"]], GemmTactic) for ch in res.tactics.values() for u in ch.uses)
+    assert all(ch.candidates[u["chosen_index"]].family == "gemm" for ch in res.tactics.values() for u in ch.uses)
     _fresh_process_matches(out, model, (x,), tmp_path)

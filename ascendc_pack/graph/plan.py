@@ -26,8 +26,9 @@ from ascendc_pack.graph.ir import (Action, Arg, AtenAction, BoxedOp, Buf, BufRol
                        FusedAction, GraphPlan, KernelRef, Mutation, PackAction, RelayoutAction, UserOutput, Val,
                        ValKind)
 from ascendc_pack.graph.memory import lifetimes, place
-from ascendc_pack.graph.tactic import plan_attention_kernel, plan_conv_kernel, plan_gemm, plan_tactic
+from ascendc_pack.graph.tactic import LAUNCHES, plan_tactic
 from ascendc_pack.ir.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
+from ascendc_pack.tactics.families import registry
 
 
 def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
@@ -237,8 +238,8 @@ class _Planner:
         if step.chosen is None:
             return [self.aten(s, env, program, scope) for s in step.steps]
         self.counts["tactic"] += 1
-        plan = plan_gemm if "gemm" in step.chosen else plan_attention_kernel if "attention" in step.chosen \
-            else plan_conv_kernel if "kernel" in step.chosen else plan_tactic
+        family = registry.lowered_family(step.chosen)
+        plan = plan_tactic if family == registry.DISPATCH else LAUNCHES[registry.family(family).graph]
         return plan(self, step, env, program, scope)
 
     def aten_load(self, step: AtenStep, env: dict, program, scope: str) -> AtenAction:

@@ -25,13 +25,13 @@ import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
-from ascendc_pack.kernels.attention.generator import AttnSpec
 from ascendc_pack.frontend.executor import resolve_op
 from ascendc_pack.graph.aten import RenderError
 from ascendc_pack.graph.ir import BufRole, FusedAction, PackAction, Val, ValKind
 from ascendc_pack.ir.program import AtenStep, Ref, TacticStep, TensorSpec
 from ascendc_pack.tactics.dispatch import Call, Dtype, MemoryFormat, Tactic
 from ascendc_pack.tactics.dispatch import Ref as TRef
+from ascendc_pack.tactics.families import registry
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def plan_gemm(planner, step: TacticStep, env: dict, program, scope: str) -> list
     convolution's operands are read as NHWC rows (views of channels_last tensors, else one copy)
     and its output is a channels_last view of C."""
     g, out = step.chosen, step.outputs[0]
-    spec, name = g["gemm"], g["kernel"]
+    spec, name = g["spec"], g["kernel"]
     m, n, k, dt = spec["m"], spec["n"], spec["k"], spec["dtype"]
     ref = planner.kernels.get(name)
     if ref is None:
@@ -255,40 +255,47 @@ def plan_conv_kernel(planner, step: TacticStep, env: dict, program, scope: str) 
     return actions
 
 
-def plan_attention_kernel(planner, step: TacticStep, env: dict, program, scope: str) -> list:
-    """A lowered attention step run by its generated kernel (``tactic_attnkernel``): ``q``, ``k``,
-    ``v`` read in the layouts the kernel was generated for (as they arrive, else one relayouted
-    copy), a mask as its contiguous 4-D self, the output written into a planned buffer as
-    ``[B, L, H, Ev]`` memory."""
+def plan_generic_kernel(planner, step: TacticStep, env: dict, program, scope: str) -> list:
+    """A lowered step run by a generated kernel of the ``generic`` launch convention (attention,
+    a family registered by a plugin): every input its family's ``input_layouts(chosen)`` names,
+    read in that layout (as it arrives, else one relayouted copy; reshaped to the kernel's shape
+    first), the one output written into a planned buffer as ``output_layout(chosen)`` and
+    reshaped to the step's output."""
     g, out = step.chosen, step.outputs[0]
-    name, spec = g["kernel"], g["attention"]
+    name = g["kernel"]
+    family = registry.family(g["family"])
     ref = planner.kernels.get(name)
     if ref is None:
         raise RenderError(f"no library for kernel {name} of tactic step {step.name}")
     if name not in planner.kernel_order:
         planner.kernel_order.append(name)
     index, actions, view = planner.kernel_order.index(name), [], _Values(program.values)
-    a = AttnSpec.from_json(spec)
     ins = []
-    for t, (shape, strides, dtype) in a.input_layouts().items():
+    for t, (shape, strides, dtype) in family.input_layouts(g).items():
         src = step.bind[t]
-        if env[src].shape != shape:
-            actions.extend(reshape(planner, env, view, src, shape, f"{out}#{t}", scope))
+        if env[src].shape != tuple(shape):
+            actions.extend(reshape(planner, env, view, src, tuple(shape), f"{out}#{t}", scope))
             src = f"{out}#{t}"
-        ins.append(planner.kernel_input(name, t, env[src], (shape, strides, dtype), actions))
+        ins.append(planner.kernel_input(name, t, env[src], (tuple(shape), tuple(strides), dtype), actions))
     if ref.n_inputs != len(ins) or ref.n_outputs != 1:
         raise RenderError(f"kernel {name}: library takes {ref.n_inputs} inputs, the step passes {len(ins)}")
-    y = planner.new_buf(f"{scope}{out} ({name})", a.out_shape, a.out_strides, "float32")
+    out_shape, out_strides, out_dtype = family.output_layout(g)
+    out_shape = tuple(out_shape)
+    y = planner.new_buf(f"{scope}{out} ({name})", out_shape, tuple(out_strides), out_dtype)
     ws = planner.new_buf(f"workspace of {name}", (ref.workspace,), (1,), "uint8", BufRole.WORKSPACE) \
         if ref.workspace > 0 else None
     actions.append(FusedAction(f"{scope}{out} = {name}", index, tuple(ins), (y,), ws))
     planner.counts["fused"] += 1
     shape = tuple(program.values[out].shape)
-    target = out if shape == a.out_shape else f"{out}#o"
+    target = out if shape == out_shape else f"{out}#o"
     env[target] = planner.buf_val(y, f"{scope}{out}")
     if target != out:
         actions.extend(reshape(planner, env, view, target, shape, out, scope))
     return actions
+
+
+LAUNCHES = {"gemm": plan_gemm, "conv": plan_conv_kernel, "generic": plan_generic_kernel}
+"""The graph's launch conventions of generated kernels, by a family's ``graph`` attribute."""
 
 
 def _cl_strides(shape: tuple) -> tuple:
@@ -306,4 +313,4 @@ def _arg(a, names: dict):
 
 
 __all__ = ["tactic_plan", "TacticPlan", "op_name", "plan_tactic", "plan_gemm", "plan_conv_kernel",
-           "plan_attention_kernel"]
+           "plan_generic_kernel", "LAUNCHES"]

@@ -30,9 +30,9 @@ from ascendc_pack.frontend.executor import run_reference_tactic
 from ascendc_pack.passes.fold import is_foldable
 from ascendc_pack.graph.aten import meta_layouts
 from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
-from ascendc_pack.tactics.families.attention import AttnKernelTactic, lowered_attention_runner
-from ascendc_pack.tactics.families.conv import ConvKernelTactic, lowered_conv_kernel_runner
-from ascendc_pack.tactics.families.gemm import ConvGemmTactic, GemmTactic, lowered_gemm_runner
+from ascendc_pack.tactics.families import registry
+from ascendc_pack.tactics.families.base import from_lowered
+from ascendc_pack.tactics.families.registry import lowered_family
 from ascendc_pack.tactics.rewrite import Constants, WeightSink, rewrite_cond
 
 
@@ -115,7 +115,8 @@ class _Lowerer:
                 needs.append(name)
             return name
 
-        if isinstance(tactic, (ConvGemmTactic, ConvKernelTactic)):  # the weights the kernel reads, made now
+        how = tactic.impl.stored_weights(tactic) if tactic.family != registry.DISPATCH else None
+        if how == "made":  # the weights the kernel reads (e.g. a BatchNorm folded, packed), made now
             weights = {t: consts.tensor(v) for t, v in s.bind.items() if t in T.WEIGHTS}
             made = tactic.kernel_weights(weights)  # BatchNorm folded; [O, C] or packed
             bind = {n: v for n, v in s.bind.items() if n not in T.WEIGHTS}
@@ -123,9 +124,9 @@ class _Lowerer:
             shapes = {n: v for n, v in s.shapes.items() if n not in T.WEIGHTS}
             shapes["weight"] = tuple(made["weight"].shape)
             return dataclasses.replace(s, bind=bind, shapes=shapes, chosen=tactic.lowered(), values=dict(recorded))
-        if isinstance(tactic, AttnKernelTactic):  # reads the step's activations as bound
+        if how == "none":  # reads the step's activations as bound
             return dataclasses.replace(s, chosen=tactic.lowered(), values=dict(recorded))
-        if isinstance(tactic, GemmTactic):  # B (packed at load) and the bias are the weights as bound
+        if how == "bound":  # e.g. a GEMM's B (packed at load) and bias: the weights as bound
             bind = {n: (stored(n, None) if n in T.WEIGHTS else v) for n, v in s.bind.items()}
             return dataclasses.replace(s, bind=bind, chosen=tactic.lowered(), values=dict(recorded))
         weights = {t: consts.tensor(v) for t, v in s.bind.items() if t in T.WEIGHTS and v in consts}
@@ -234,7 +235,7 @@ def _propagate_branches(s):
 def _output_spec(s: TacticStep, captured: TensorSpec) -> TensorSpec:
     """The layout of a lowered step's output: its tactic's result (recorded), reshaped as the
     captured value (a reshape that cannot be a view copies: contiguous)."""
-    output = "out" if "kernel" in s.chosen else T.Tactic.from_json(s.chosen).output  # a generated kernel's
+    output = "out" if lowered_family(s.chosen) != registry.DISPATCH else T.Tactic.from_json(s.chosen).output  # a generated kernel's
     res = (s.values or {}).get(output)
     if res is None or res.stride is None:
         return captured
@@ -292,11 +293,10 @@ class LoweredRunner:
         named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
         ready = self._ready.get(id(step))
         shape = self.shapes[id(step)]
-        if "kernel" in step.chosen:  # a generated GEMM, convolution or attention kernel
+        if lowered_family(step.chosen) != registry.DISPATCH:  # a generated kernel
             if ready is None:
-                make = lowered_gemm_runner if "gemm" in step.chosen else \
-                    lowered_attention_runner if "attention" in step.chosen else lowered_conv_kernel_runner
-                ready = self._ready[id(step)] = (make(step.chosen, named),)
+                tactic = from_lowered(step.chosen)
+                ready = self._ready[id(step)] = (tactic.impl.lowered_runner(tactic, named),)
             out = ready[0](named)
             return out if tuple(out.shape) == shape else out.reshape(shape)
         if ready is None:

@@ -8,9 +8,7 @@ from ascendc_pack_runtime import manifest as contract
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.choice import unstable_footnote
 from ascendc_pack.ir.program import Program
-from ascendc_pack.tactics.families.attention import AttnKernelTactic
-from ascendc_pack.tactics.families.conv import ConvKernelTactic
-from ascendc_pack.tactics.families.gemm import GemmTactic
+from ascendc_pack.tactics.families.registry import DISPATCH, lowered_family
 
 
 def _fmt(us: float | None) -> str:
@@ -74,13 +72,13 @@ def kernel_libraries(program: Program, choices: dict) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for ts in program.tactic_steps():
         g = ts.chosen
-        if not g or "kernel" not in g:
+        if not g or lowered_family(g) == DISPATCH:
             continue
         entry = out.get(g["kernel"])
         if entry is None:
             ch = choices[ts.name]
             own = [(i, t) for i, t in enumerate(ch.candidates)
-                   if isinstance(t, (GemmTactic, ConvKernelTactic, AttnKernelTactic)) and t.spec.name == g["kernel"]]
+                   if t.family != DISPATCH and t.spec.name == g["kernel"]]
             chosen = next(t for _, t in own if t.candidate.kernel_key == g["kernel_key"])
             cands = tuple(contract.Candidate(j, t.candidate.kernel_key, t.candidate.tiling_repr, t.candidate.workspace,
                                              t.candidate.block_dim, ch.results[i].median_us,

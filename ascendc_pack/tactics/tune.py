@@ -48,9 +48,8 @@ from ascendc_pack.ir.choice import MeasurementQuality, rel_spread
 from ascendc_pack.config import BuildConfig, host_cores
 from ascendc_pack.frontend.executor import run_aten, run_model, run_program, run_reference_tactic
 from ascendc_pack.ir.program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
-from ascendc_pack.tactics.families.attention import AttnKernelRunner, AttnKernelTactic, compile_attention_plans, plan_attention_kernels
-from ascendc_pack.tactics.families.conv import ConvKernelRunner, ConvKernelTactic, compile_conv_kernel_plans, plan_conv_kernels
-from ascendc_pack.tactics.families.gemm import GemmRunner, GemmTactic, compile_gemm_plans, plan_gemms
+from ascendc_pack.tactics.families import registry
+from ascendc_pack.tactics.families.base import compile_kernel_tactics, plan_kernel_tactics, planned_total
 from ascendc_pack.tactics.rewrite import candidates_for, in_layout_chain
 from ascendc_pack.tactics.dispatch.dispatcher import bind, execute
 from ascendc_pack.autotune.timing_pool import pool_enabled, timing_pool
@@ -178,17 +177,15 @@ class TacticTuner:
                 cands = candidates_for(s, config.topn)
                 self.choices[s.name] = TacticChoice(s.name, s.tactic_kind, s.desc, cands, [])
                 firsts[s.name] = s
-        tuned = [s for s in firsts.values() if config.topn > 1 and
-                 (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear")]
-        # the generated GEMM's tilings join the linear steps' candidates; candidate 0's epilogue
-        # is timed as a fused kernel: both are compiled by :meth:`compile`, before any run
-        self._gemms = plan_gemms([s for s in tuned if s.tactic_kind in ("linear", "conv")],
-                                 {s.name: self.programs[id(s)].values for s in tuned}, config) if gemm else {}
-        self._conv_kernels = plan_conv_kernels(tuned, config) if gemm else {}
-        attention = [s for s in firsts.values() if config.topn > 1 and s.tactic_kind == "attention"]
-        self._attention = plan_attention_kernels(attention, {s.name: self.programs[id(s)].values for s in attention},
+        # the generated kernels' tilings join the steps' candidates (every registered family that
+        # takes the step); candidate 0's epilogue is timed as a fused kernel: both are compiled by
+        # :meth:`compile`, before any run
+        values_of = {s.name: self.programs[id(s)].values for s in firsts.values()}
+        self._steps = firsts
+        self._kernel_plans = plan_kernel_tactics([s for s in firsts.values() if config.topn > 1], values_of,
                                                  config) if gemm else {}
-        tuned += [s for s in attention if s.name in self._attention and s.name not in {t.name for t in tuned}]
+        tuned = [s for s in firsts.values() if config.topn > 1 and
+                 (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear" or s.name in self._kernel_plans)]
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
                            for s in tuned if compile_epilogue} if tuned else {}
         self._kernels: dict = {}
@@ -198,10 +195,7 @@ class TacticTuner:
         from ascendc_pack.kernels.fused.build import total_candidates
 
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
-        return sum(len(p.build.candidates) for p in self._gemms.values()) + \
-            sum(len(b.candidates) for builds in self._conv_kernels.values() for _, b in builds) + \
-            sum(len(b.candidates) for b in self._attention.values()) + \
-            total_candidates(epi, dataclasses.replace(self.config, topn=1))
+        return planned_total(self._kernel_plans) + total_candidates(epi, dataclasses.replace(self.config, topn=1))
 
     def compile(self, progress=None) -> None:
         """Compile (or find in the kernel cache) the GEMM candidates and the candidate-0 epilogue
@@ -211,14 +205,9 @@ class TacticTuner:
 
         if self._compiled:
             return
-        for name, cands in compile_gemm_plans(self._gemms, self.config, progress).items():
+        for name, cands in compile_kernel_tactics(self._kernel_plans, self._steps, self.config, progress).items():
             self.choices[name].candidates += cands
-        affine = {n: bool(self.choices[n].desc["epilogue"]["affine"]) for n in self._conv_kernels}
-        for name, cands in compile_conv_kernel_plans(self._conv_kernels, affine, self.config, progress).items():
-            self.choices[name].candidates += cands
-        for name, cands in compile_attention_plans(self._attention, self.config, progress).items():
-            self.choices[name].candidates += cands
-        if self._gemms or self._conv_kernels or self._attention:  # timed on the pool graph.so runs them on
+        if self._kernel_plans:  # timed on the pool graph.so runs them on
             self._pool = timing_pool(self.config)
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
         backend = get_backend(self.config.backend)
@@ -323,7 +312,7 @@ class TacticTuner:
     def _verify(self, ch: TacticChoice, i: int, tactic, step: TacticStep, named: dict,
                 expected: torch.Tensor, ref64):
         """Run candidate ``i`` once and compare it with the reference; returns its timed runner."""
-        if isinstance(tactic, (GemmTactic, ConvKernelTactic, AttnKernelTactic)):
+        if tactic.family != registry.DISPATCH:
             return self._verify_kernel(ch, i, tactic, step, named, expected, ref64)
         weights, acts = T.split(named)
         acts = _arrival(tactic, step.desc, acts)
@@ -351,9 +340,7 @@ class TacticTuner:
         """A generated kernel's candidate: verified in the kernel sandbox (it could crash)."""
         from ascendc_pack.backends.registry import get_backend
 
-        runner_class = GemmRunner if isinstance(tactic, GemmTactic) else \
-            AttnKernelRunner if isinstance(tactic, AttnKernelTactic) else ConvKernelRunner
-        runner = runner_class(tactic, _arrival(tactic, step.desc, named), self._pool)
+        runner = tactic.impl.runner(tactic, _arrival(tactic, step.desc, named), self._pool)
         if self._sandbox is None:
             self._sandbox = get_backend(self.config.backend).sandbox()
         verdict = runner.verify(expected, ref64, self._sandbox, self.protocol.verify_timeout_s)

@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 STAGES = ("build", "load")
 
@@ -117,6 +117,8 @@ class Tactic:
     ``output``: the name of the result; ``params``: the choices that distinguish it (sorted
     ``(key, value)`` pairs, JSON values only).
     """
+
+    family: ClassVar[str] = "dispatch"  # tactics.families.registry.DISPATCH: not a generated kernel
 
     kind: str
     name: str

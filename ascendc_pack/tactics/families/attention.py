@@ -13,19 +13,16 @@ one launches from graph.cpp (its library a bundle member).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 import ascendc_pack.tactics.dispatch as T
-from ascendc_pack.kernels.attention.generator import AttnKernel, AttnSpec, AttnSpecError, plan
-from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.toolchain.compiler import compile_kernels
-from ascendc_pack.kernels.gemm.generator import GemmTarget
-from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.autotune.verify import verify_in_sandbox
+from ascendc_pack.ir.program import TacticStep, TensorSpec
+from ascendc_pack.kernels.attention.generator import AttnKernel, AttnSpec, AttnSpecError, plan
+from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 
 log = logging.getLogger("ascendc_pack")
 
@@ -60,71 +57,36 @@ def attention_spec(step: TacticStep, values: dict) -> AttnSpec | None:
         return None
 
 
-@dataclass(frozen=True)
-class AttnKernelTactic:
-    """One tiling of an attention step's generated kernel, as a tactic candidate."""
+class AttentionFamily(KernelFamily):
+    """The generated fused-attention kernel of float32 attention steps."""
 
-    spec: AttnSpec
-    candidate: Candidate
-    so_path: str
-    rank: int
+    name = "attention"
+    kinds = ("attention",)
+    weights = "none"
+    graph = "generic"
 
-    kind = "attention"
+    def spec_of(self, step: TacticStep, values: dict) -> AttnSpec | None:
+        return attention_spec(step, values)
 
-    @property
-    def name(self) -> str:
-        return f"kernel#{self.rank}"
+    def spec_from_json(self, d: dict) -> AttnSpec:
+        return AttnSpec.from_json(d)
 
-    @property
-    def key(self) -> str:
-        return self.candidate.kernel_key
+    def plan(self, spec: AttnSpec, config, target):
+        return plan(spec, config, target)
 
-    def param(self, key: str, default=None):
-        return default
+    def runner(self, t: KernelTactic, named: dict, pool: int | None = None) -> AttnKernelRunner:
+        return AttnKernelRunner(t, named, pool)
 
-    def to_json(self) -> dict:
-        c = self.candidate
-        return {"kind": "attention", "name": self.name, "attention": self.spec.to_json(), "kernel_key": c.kernel_key,
-                "tiling_repr": c.tiling_repr, "workspace": c.workspace, "block_dim": c.block_dim}
+    def lowered_runner(self, t: KernelTactic, named: dict):
+        kernel = AttnKernel(t.spec, t.so_path, t.candidate.kernel_key)
+        return lambda named: kernel(named)
 
-    def lowered(self) -> dict:
-        """What a lowered step keeps (``TacticStep.chosen``): the JSON plus the library's path in
-        the build cache (Python mode; the bundle names its own member)."""
-        return {**self.to_json(), "kernel": self.spec.name, "so_path": self.so_path}
+    def input_layouts(self, chosen: dict) -> dict:
+        return AttnSpec.from_json(chosen["spec"]).input_layouts()
 
-    @staticmethod
-    def from_lowered(chosen: dict) -> AttnKernelTactic:
-        cand = Candidate(chosen["tiling_repr"], chosen["workspace"], chosen["block_dim"])
-        return AttnKernelTactic(AttnSpec.from_json(chosen["attention"]), cand, chosen["so_path"], 0)
-
-
-def plan_attention_kernels(steps: list[TacticStep], values_of: dict, config) -> dict:
-    """The kernel build of every attention step the generated kernel takes (by step name;
-    ``values_of[name]``: its program's value specs), with ``config.topn`` candidates rendered."""
-    out, target = {}, None
-    for s in steps:
-        spec = attention_spec(s, values_of[s.name])
-        if spec is not None:
-            target = target or GemmTarget.detect(config.effective_cores, config.march)
-            out[s.name] = plan(spec, config, target)
-    return out
-
-
-def compile_attention_plans(plans: dict, config, progress=None) -> dict[str, list[AttnKernelTactic]]:
-    """Compile every planned kernel (one ``compile_kernels`` call, cached like fused kernels);
-    the candidates that compiled, as tactics, by step name."""
-    if not plans:
-        return {}
-    out: dict[str, list[AttnKernelTactic]] = {}
-    compiled = compile_kernels([b.build for b in plans.values()], config, progress)
-    for (name, b), ck in zip(plans.items(), compiled):
-        out[name] = []
-        for rank, (cand, cc) in enumerate(zip(b.candidates, ck.candidates)):
-            if cc.ok:
-                out[name].append(AttnKernelTactic(b.spec, cc.candidate, str(cc.so_path), rank))
-            else:
-                log.info("attention %s candidate #%d did not compile", b.spec.name, rank)
-    return out
+    def output_layout(self, chosen: dict) -> tuple:
+        a = AttnSpec.from_json(chosen["spec"])
+        return a.out_shape, a.out_strides, "float32"
 
 
 class AttnKernelRunner:
@@ -132,9 +94,9 @@ class AttnKernelRunner:
     only then may it be called in-process. A call is what the graph runs: the copies of operands
     that arrive in another layout than the kernel's, then the bound launch (on ``pool`` when given)."""
 
-    def __init__(self, t: AttnKernelTactic, named: dict, pool: int | None = None):
+    def __init__(self, t: KernelTactic, named: dict, pool: int | None = None):
         self.t = t
-        self.kernel = AttnKernel(t.spec, t.so_path, t.key)
+        self.kernel = AttnKernel(t.spec, t.so_path, t.candidate.kernel_key)
         self.ins = self.kernel.operands(named)
         self._copies = [(dst, named[n]) for n, dst in zip(("q", "k", "v", "mask"), self.ins)
                         if dst.data_ptr() != named[n].data_ptr()]
@@ -160,12 +122,7 @@ class AttnKernelRunner:
         return {"out": TensorSpec.of(self.out)}
 
 
-def lowered_attention_runner(chosen: dict, named: dict):
-    """Python mode of a lowered step (``TacticStep.chosen``): returns ``run(named) -> output``."""
-    t = AttnKernelTactic.from_lowered(chosen)
-    kernel = AttnKernel(t.spec, t.so_path, t.key)
-    return lambda named: kernel(named)
+ATTENTION = AttentionFamily()
 
 
-__all__ = ["AttnKernelTactic", "AttnKernelRunner", "attention_spec", "plan_attention_kernels",
-           "compile_attention_plans", "lowered_attention_runner"]
+__all__ = ["ATTENTION", "AttentionFamily", "AttnKernelRunner", "attention_spec"]

@@ -22,33 +22,29 @@ the channels_last output. Like a generated GEMM it is verified in the kernel san
 is timed, and a chosen one launches from graph.cpp like a fused kernel, its library a bundle
 member.
 
-A *family* (:class:`Family`) is what one kernel generator provides: the spec of a step (or None
-when the step is not its kind), planning (candidates + sources), the launcher, the build-time
-weights.
+Each generator is one :class:`ConvFamily` of the tactic registry
+(:mod:`ascendc_pack.tactics.families.registry`): the spec of a step (or None when the step is not
+its kind), planning (candidates + sources), the launcher, the build-time weights.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 import ascendc_pack.kernels.conv.direct as directconv
 import ascendc_pack.kernels.conv.depthwise as dwconv
 import ascendc_pack.kernels.conv.winograd as winograd
-from ascendc_pack.cache import stable_hash
+from ascendc_pack.autotune.verify import verify_in_sandbox
 from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.toolchain.compiler import compile_kernels
-from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
-from ascendc_pack.kernels.conv.direct_launch import ConvKernel, WinogradKernel
-from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
-from ascendc_pack.kernels.gemm.generator import GemmTarget
 from ascendc_pack.ir.program import TacticStep, TensorSpec
+from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
+from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
+from ascendc_pack.kernels.conv.direct_launch import ConvKernel, WinogradKernel
+from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 from ascendc_pack.tactics.families.gemm import epilogue_steps
 from ascendc_pack.tactics.rewrite import CL as CL_NAME  # a step description's layout
-from ascendc_pack.autotune.verify import verify_in_sandbox
 
 log = logging.getLogger("ascendc_pack")
 
@@ -62,19 +58,6 @@ depthwise cost model was fitted to measured candidates (docs/DWCONV.md)."""
 WINOGRAD_TILINGS = 2
 """The Winograd kernel's: its estimate ranks output-channel blocks and band modes within ~20 %,
 so PGO times the best and the best of another block or mode (measured 10-40 % apart)."""
-
-
-@dataclass(frozen=True)
-class Family:
-    """One convolution kernel generator, as the tactic pipeline uses it."""
-
-    name: str
-    spec_of: Callable[[TacticStep], object | None]
-    spec_from_json: Callable[[dict], object]
-    plan: Callable            # (spec, config, target) -> a build with .candidates and .build (KernelBuild)
-    launcher: Callable        # (spec, so_path, kernel_key) -> kernel(x, weight, bias, residual)
-    weights: Callable         # (spec, candidate, named weights, affine) -> {"weight": ..., "bias": ...}
-    tilings: int = CONV_KERNEL_TILINGS  # the cost model's first tilings compiled per step
 
 
 def _fusable(step: TacticStep) -> bool:
@@ -136,126 +119,84 @@ def _winograd_spec(step: TacticStep):
     return spec
 
 
-def _packed(pack):
-    """The build-time weights of a family whose kernel reads ``pack(weight, candidate)``: the
-    BatchNorm folded in first."""
-    def weights(spec, candidate: Candidate, named: dict, affine: bool) -> dict:
+class ConvFamily(KernelFamily):
+    """One convolution kernel generator as a tactic family: its step test, spec, planner,
+    launcher and build-time weights."""
+
+    kinds = ("conv",)
+    weights = "made"
+    graph = "conv"
+
+    def __init__(self, name: str, spec_of, spec_from_json, plan, launcher, pack, tilings: int = CONV_KERNEL_TILINGS):
+        self.name, self._spec_of, self._spec_from_json, self._plan = name, spec_of, spec_from_json, plan
+        self.launcher, self._pack, self.tilings = launcher, pack, tilings
+
+    def spec_of(self, step: TacticStep, values: dict):
+        return self._spec_of(step)
+
+    def spec_from_json(self, d: dict):
+        return self._spec_from_json(d)
+
+    def plan(self, spec, config, target):
+        return self._plan(spec, config, target)
+
+    def extra(self, step: TacticStep, spec, so_path: str, kernel_key: str) -> dict:
+        return {"affine": bool(step.desc["epilogue"]["affine"])}
+
+    def lowered_extra(self, t: KernelTactic) -> dict:
+        return {"affine": False}   # its weights are folded and packed at lowering
+
+    def param(self, t: KernelTactic, key: str, default=None):
+        """``layout``: the format ``x`` is read in; ``out_layout``: always channels_last."""
+        return {"layout": "contiguous" if _x_layout(t) == "nchw" else CL_NAME, "out_layout": CL_NAME}.get(key, default)
+
+    def kernel_weights(self, t: KernelTactic, named: dict) -> dict:
+        """The weights the kernel reads (``weight`` packed, ``bias``), the BatchNorm folded in first."""
         w, b = named["weight"], named.get("bias")
-        if affine:
+        if t.extra.get("affine"):
             w, b = fold_affine(w, b, named["scale"].reshape(-1), named["shift"].reshape(-1))
-        return {"weight": pack(w, candidate), **({"bias": b.contiguous()} if b is not None else {})}
+        return {"weight": self._pack(w, t.candidate), **({"bias": b.contiguous()} if b is not None else {})}
 
-    return weights
+    def runner(self, t: KernelTactic, named: dict, pool: int | None = None) -> ConvKernelRunner:
+        return ConvKernelRunner(t, named, pool)
+
+    def lowered_runner(self, t: KernelTactic, named: dict):
+        """Python mode of a lowered step (``named`` holds the packed weight): channels_last output,
+        ``x`` and the residual relayouted when they arrive in another layout than the kernel's."""
+        kernel = self.launcher(t.spec, t.so_path, t.candidate.kernel_key)
+        layouts = {"x": _x_layout(t), "other": _residual_layout(t)}
+
+        def run(named: dict) -> torch.Tensor:
+            act = {n: v.contiguous(memory_format=MEMORY_FORMATS[layouts[n]]) for n, v in named.items() if n in layouts}
+            return kernel(act["x"], named["weight"], named.get("bias"), act.get("other"))
+
+        return run
 
 
-_direct_weights = _packed(lambda w, cand: directconv.pack_weight(w, directconv.ConvTiling.parse(cand.tiling_repr).ocb))
+def _x_layout(t: KernelTactic) -> str:
+    return getattr(t.spec, "x_layout", "nhwc")
+
+
+def _residual_layout(t: KernelTactic) -> str:
+    return getattr(t.spec, "residual_layout", "nhwc")
+
+
+def _direct_pack(w, cand: Candidate):
+    return directconv.pack_weight(w, directconv.ConvTiling.parse(cand.tiling_repr).ocb)
+
+
 # A step may get kernels of several families (an entry convolution: the direct kernel on a copy
 # of its NCHW input and the one reading it in place; PGO picks: in place was 8 % faster on
 # resnet18's 3-channel stem, 28 % slower in CPU time on conv_block's 32 channels of 56x56)
-FAMILIES = {f.name: f for f in (
-    Family("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel,
-           _packed(lambda w, cand: dwconv.pack_weight(w))),
-    Family("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_weights),
-    Family("directconv_nchw", lambda step: _direct_spec(step, in_place=True), directconv.ConvSpec.from_json,
-           directconv.plan, ConvKernel, _direct_weights),
-    Family("winograd", _winograd_spec, directconv.ConvSpec.from_json, winograd.plan, WinogradKernel,
-           _packed(lambda w, cand: winograd.pack_weight(w, winograd.WinoTiling.parse(cand.tiling_repr).ocb)),
-           WINOGRAD_TILINGS))}
-
-
-@dataclass(frozen=True)
-class ConvKernelTactic:
-    """One tiling of a convolution step's generated kernel, as a tactic candidate. ``affine``:
-    the step's BatchNorm is still to be folded into the weights (False once lowered)."""
-
-    family: str
-    spec: object
-    candidate: Candidate
-    so_path: str
-    rank: int
-    affine: bool = False
-
-    kind = "conv"
-
-    @property
-    def name(self) -> str:
-        return f"{self.family}#{self.rank}"
-
-    @property
-    def key(self) -> str:
-        """The candidate's key among the step's: its kernel's name and key (one tiling of two
-        families' kernels has one ``kernel_key``, unique within a kernel name only)."""
-        return stable_hash(self.spec.name, self.candidate.kernel_key)[:32]
-
-    def param(self, key: str, default=None):
-        """``layout``: the format ``x`` is read in; ``out_layout``: always channels_last."""
-        return {"layout": "contiguous" if self.x_layout == "nchw" else CL_NAME, "out_layout": CL_NAME}.get(key, default)
-
-    @property
-    def x_layout(self) -> str:
-        return getattr(self.spec, "x_layout", "nhwc")
-
-    @property
-    def residual_layout(self) -> str:
-        return getattr(self.spec, "residual_layout", "nhwc")
-
-    @property
-    def out_shape(self) -> tuple:
-        return self.spec.out_shape
-
-    def to_json(self) -> dict:
-        c = self.candidate
-        return {"kind": "conv", "name": self.name, "family": self.family, "spec": self.spec.to_json(),
-                "kernel_key": c.kernel_key, "tiling_repr": c.tiling_repr, "workspace": c.workspace,
-                "block_dim": c.block_dim, "affine": self.affine}
-
-    def lowered(self) -> dict:
-        """What a lowered step keeps (``TacticStep.chosen``): its weights are folded and packed,
-        the library's path in the build cache (Python mode; the bundle names its own member)."""
-        return {**self.to_json(), "affine": False, "kernel": self.spec.name, "so_path": self.so_path}
-
-    def kernel_weights(self, named: dict) -> dict:
-        """The weights the kernel reads (``weight`` packed, ``bias``), from the step's weights."""
-        return FAMILIES[self.family].weights(self.spec, self.candidate, named, self.affine)
-
-    @staticmethod
-    def from_lowered(chosen: dict) -> ConvKernelTactic:
-        fam = FAMILIES[chosen["family"]]
-        cand = Candidate(chosen["tiling_repr"], chosen["workspace"], chosen["block_dim"])
-        return ConvKernelTactic(fam.name, fam.spec_from_json(chosen["spec"]), cand, chosen["so_path"], 0, False)
-
-
-def plan_conv_kernels(steps: list[TacticStep], config) -> dict[str, list[tuple[str, object]]]:
-    """``[(family, build), ...]`` of every convolution step kernel families take (by step name),
-    each with its family's first ``tilings`` candidates rendered."""
-    out: dict[str, list] = {}
-    target = None
-    for s in steps:
-        for fam in FAMILIES.values():
-            spec = fam.spec_of(s) if s.tactic_kind == "conv" else None
-            if spec is not None:
-                target = target or GemmTarget.detect(config.effective_cores, config.march)
-                cfg = dataclasses.replace(config, topn=min(config.topn, fam.tilings))
-                out.setdefault(s.name, []).append((fam.name, fam.plan(spec, cfg, target)))
-    return out
-
-
-def compile_conv_kernel_plans(plans: dict, affine: dict, config, progress=None) -> dict[str, list[ConvKernelTactic]]:
-    """Compile every planned kernel (one ``compile_kernels`` call, cached like fused kernels);
-    the candidates that compiled, as tactics, by step name (``affine[name]``: the step folds a
-    BatchNorm)."""
-    if not plans:
-        return {}
-    out: dict[str, list[ConvKernelTactic]] = {name: [] for name in plans}
-    flat = [(name, family, b) for name, builds in plans.items() for family, b in builds]
-    compiled = compile_kernels([b.build for _, _, b in flat], config, progress)
-    for (name, family, b), ck in zip(flat, compiled):
-        for rank, (cand, cc) in enumerate(zip(b.candidates, ck.candidates)):
-            if not cc.ok:
-                log.info("%s %s candidate #%d did not compile", family, b.spec.name, rank)
-                continue
-            out[name].append(ConvKernelTactic(family, b.spec, cc.candidate, str(cc.so_path), rank, affine[name]))
-    return out
+DWCONV = ConvFamily("dwconv", _dw_spec, dwconv.DwConvSpec.from_json, dwconv.plan, DwConvKernel,
+                    lambda w, cand: dwconv.pack_weight(w))
+DIRECTCONV = ConvFamily("directconv", _direct_spec, directconv.ConvSpec.from_json, directconv.plan, ConvKernel,
+                        _direct_pack)
+DIRECTCONV_NCHW = ConvFamily("directconv_nchw", lambda step: _direct_spec(step, in_place=True),
+                             directconv.ConvSpec.from_json, directconv.plan, ConvKernel, _direct_pack)
+WINOGRAD = ConvFamily("winograd", _winograd_spec, directconv.ConvSpec.from_json, winograd.plan, WinogradKernel,
+                      lambda w, cand: winograd.pack_weight(w, winograd.WinoTiling.parse(cand.tiling_repr).ocb),
+                      WINOGRAD_TILINGS)
 
 
 MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
@@ -272,19 +213,19 @@ class ConvKernelRunner:
     graph runs: the bound launch (on ``pool`` when given) after the copy of an operand that
     arrives NCHW."""
 
-    def __init__(self, t: ConvKernelTactic, named: dict, pool: int | None = None):
+    def __init__(self, t: KernelTactic, named: dict, pool: int | None = None):
         self.t = t
-        self.kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
+        self.kernel = t.impl.launcher(t.spec, t.so_path, t.candidate.kernel_key)
         w = t.kernel_weights(named)
         self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.x_spec = TensorSpec.of(named["x"])
-        x = self._stored(named["x"], t.x_layout)
+        x = self._stored(named["x"], _x_layout(t))
         ins = [x, w["weight"]] + ([w["bias"]] if "bias" in w else [])
         if "other" in named:  # a residual that is x (conv_block) shares its copy
-            same = named["other"] is named["x"] and t.residual_layout == t.x_layout
-            ins.append(x if same else self._stored(named["other"], t.residual_layout))
+            same = named["other"] is named["x"] and _residual_layout(t) == _x_layout(t)
+            ins.append(x if same else self._stored(named["other"], _residual_layout(t)))
         self.ins = ins
-        self.out = torch.empty(t.out_shape, memory_format=CL)
+        self.out = torch.empty(t.spec.out_shape, memory_format=CL)
         self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer, pool=pool)
 
     def _stored(self, t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -307,27 +248,11 @@ class ConvKernelRunner:
         """Run the candidate once in the kernel sandbox; None if its output matches the
         reference by the accuracy rule, else the disqualification record."""
         return verify_in_sandbox(sandbox, self.t.so_path, self.t.candidate.workspace, self.ins,
-                                 (self.t.out_shape, torch.float32, self.out.stride()), timeout_s, expected, ref64)
+                                 (self.t.spec.out_shape, torch.float32, self.out.stride()), timeout_s, expected, ref64)
 
     def values(self) -> dict[str, TensorSpec]:
         return {"x": self.x_spec, "out": TensorSpec.of(self.out)}
 
 
-def lowered_conv_kernel_runner(chosen: dict, named: dict):
-    """Python mode of a lowered step (``TacticStep.chosen``; ``named`` holds the packed weight):
-    returns ``run(named) -> the step's output`` (channels_last; ``x`` and the residual
-    relayouted when they arrive in another layout than the kernel's)."""
-    t = ConvKernelTactic.from_lowered(chosen)
-    kernel = FAMILIES[t.family].launcher(t.spec, t.so_path, t.candidate.kernel_key)
-
-    layouts = {"x": t.x_layout, "other": t.residual_layout}
-
-    def run(named: dict) -> torch.Tensor:
-        act = {n: v.contiguous(memory_format=MEMORY_FORMATS[layouts[n]]) for n, v in named.items() if n in layouts}
-        return kernel(act["x"], named["weight"], named.get("bias"), act.get("other"))
-
-    return run
-
-
-__all__ = ["ConvKernelTactic", "ConvKernelRunner", "Family", "FAMILIES", "plan_conv_kernels", "in_layout",
-           "compile_conv_kernel_plans", "lowered_conv_kernel_runner", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS"]
+__all__ = ["ConvFamily", "ConvKernelRunner", "DWCONV", "DIRECTCONV", "DIRECTCONV_NCHW", "WINOGRAD", "in_layout",
+           "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS"]

@@ -22,18 +22,15 @@ compile in the cold build.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
 
 import torch
 
-from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.toolchain.compiler import compile_kernels
-from ascendc_pack.kernels.gemm.generator import DTYPES, RESIDUAL_OPS, GemmSpec, GemmTarget, plan
-from ascendc_pack.kernels.gemm.launch import GemmKernel, PackedB, logical_b
-from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.autotune.verify import verify_in_sandbox
+from ascendc_pack.ir.program import TacticStep, TensorSpec
+from ascendc_pack.kernels.gemm.generator import DTYPES, RESIDUAL_OPS, GemmSpec, plan
+from ascendc_pack.kernels.gemm.launch import GemmKernel, PackedB, logical_b
+from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 
 log = logging.getLogger("ascendc_pack")
 
@@ -45,87 +42,81 @@ CONV_TILINGS = 1
 0.25 s of CPU in the cold build; the cost model's pick was within a few % of the PGO winner of two."""
 
 
-@dataclass(frozen=True)
-class GemmTactic:
-    """One tiling candidate of a step's generated GEMM, as a tactic candidate."""
+class GemmFamily(KernelFamily):
+    """Generated GEMMs of linear steps and of 1x1 convolutions (see the module docstring)."""
 
-    spec: GemmSpec
-    candidate: Candidate
-    so_path: str
-    b_packed: bool
-    packed_b_bytes: int
-    rank: int  # its place in the cost model's order
+    name = "gemm"
+    kinds = ("linear", "conv")
+    weights = "bound"
+    graph = "gemm"
 
-    kind = "linear"
+    def spec_of(self, step: TacticStep, values: dict) -> GemmSpec | None:
+        return gemm_spec(step, values)
 
-    @property
-    def name(self) -> str:
-        return f"gemm#{self.rank}"
+    def spec_from_json(self, d: dict) -> GemmSpec:
+        return GemmSpec.from_json(d)
 
-    @property
-    def key(self) -> str:
-        return self.candidate.kernel_key
+    def plan(self, spec: GemmSpec, config, target):
+        return plan(spec, config, target)
 
-    def param(self, key: str, default=None):
+    def tilings_for(self, step: TacticStep) -> int | None:
+        return CONV_TILINGS if step.tactic_kind == "conv" else None
+
+    def extra(self, step: TacticStep, spec: GemmSpec, so_path: str, kernel_key: str) -> dict:
+        k = GemmKernel(spec, so_path, kernel_key)
+        out = {"b_packed": k.b_packed, "packed_b_bytes": k.packed_b_bytes}
+        if step.tactic_kind == "conv":
+            out["conv"] = {"x_shape": list(step.desc["x_shape"]), "affine": bool(step.desc["epilogue"]["affine"])}
+        return out
+
+    def lowered_extra(self, t: KernelTactic) -> dict:
+        return {"conv": {**t.extra["conv"], "affine": False}} if "conv" in t.extra else {}
+
+    def param(self, t: KernelTactic, key: str, default=None):
+        if "conv" in t.extra:
+            return {"layout": "channels_last", "out_layout": "channels_last"}.get(key, default)
         return default
 
-    def to_json(self) -> dict:
-        c = self.candidate
-        return {"kind": "linear", "name": self.name, "gemm": self.spec.to_json(), "kernel_key": c.kernel_key,
-                "tiling_repr": c.tiling_repr, "workspace": c.workspace, "block_dim": c.block_dim,
-                "b_packed": self.b_packed, "packed_b_bytes": self.packed_b_bytes}
+    def stored_weights(self, t: KernelTactic) -> str:
+        return "made" if "conv" in t.extra else "bound"   # a 1x1 convolution's: [O, C], BatchNorm folded
 
-    def lowered(self) -> dict:
-        """What a lowered step keeps (``TacticStep.chosen``): the JSON plus the library's path in
-        the build cache (for the Python-mode run; the bundle names its own member)."""
-        return {**self.to_json(), "kernel": self.spec.name, "so_path": self.so_path}
+    def kernel_weights(self, t: KernelTactic, named: dict) -> dict:
+        if "conv" in t.extra:
+            return conv_gemm_weights(t.spec, t.extra["conv"]["affine"], named)
+        return super().kernel_weights(t, named)
 
-    def kernel_weights(self, named: dict) -> dict:
-        """The weights the kernel reads (``weight``, ``bias``), from the step's weights."""
-        return {n: named[n] for n in ("weight", "bias") if n in named}
+    def runner(self, t: KernelTactic, named: dict, pool: int | None = None) -> GemmRunner:
+        return GemmRunner(t, named, pool)
 
-    def rows(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        """An activation (or the step's output) as the kernel's row-major [m, n] operand."""
-        return self.row_order(t).reshape(self.spec.m, n).contiguous()
+    def lowered_runner(self, t: KernelTactic, named: dict):
+        """Python mode of a lowered GEMM step: B packed once from ``named``'s weight."""
+        kernel = GemmKernel(t.spec, t.so_path, t.candidate.kernel_key)
+        b = kernel.prepare_b(named["weight"])
+        n, k = t.spec.n, t.spec.k
 
-    def row_order(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` viewed in the order of the rows' elements (its rows are this view, copied
-        densely when it is not contiguous)."""
-        return t
+        def run(named: dict) -> torch.Tensor:
+            res = [_rows(t, named["other"], n)] if "other" in named else []
+            return _result(t, kernel(_rows(t, named["x"], k), b, named.get("bias"), res))
 
-    def result(self, c: torch.Tensor) -> torch.Tensor:
-        """The kernel's C as the step's output."""
+        return run
+
+
+def _row_order(t: KernelTactic, x: torch.Tensor) -> torch.Tensor:
+    """``x`` viewed in the order of the kernel's rows' elements (NHWC for a 1x1 convolution)."""
+    return x.permute(0, 2, 3, 1) if "conv" in t.extra else x
+
+
+def _rows(t: KernelTactic, x: torch.Tensor, n: int) -> torch.Tensor:
+    """An activation (or the step's output) as the kernel's row-major [m, n] operand."""
+    return _row_order(t, x).reshape(t.spec.m, n).contiguous()
+
+
+def _result(t: KernelTactic, c: torch.Tensor) -> torch.Tensor:
+    """The kernel's C as the step's output (a 1x1 convolution's: channels_last NCHW, a view)."""
+    if "conv" not in t.extra:
         return c
-
-
-@dataclass(frozen=True)
-class ConvGemmTactic(GemmTactic):
-    """A 1x1 convolution's generated GEMM on channels_last rows (see the module docstring)."""
-
-    x_shape: tuple = ()
-    affine: bool = False
-
-    kind = "conv"
-
-    def param(self, key: str, default=None):
-        return {"layout": "channels_last", "out_layout": "channels_last"}.get(key, default)
-
-    @property
-    def out_shape(self) -> tuple:
-        n, _, h, w = self.x_shape
-        return (n, self.spec.n, h, w)
-
-    def to_json(self) -> dict:
-        return {**super().to_json(), "kind": "conv", "conv": {"x_shape": list(self.x_shape), "affine": self.affine}}
-
-    def kernel_weights(self, named: dict) -> dict:
-        return conv_gemm_weights(self.spec, self.affine, named)
-
-    def row_order(self, t: torch.Tensor) -> torch.Tensor:
-        return t.permute(0, 2, 3, 1)
-
-    def result(self, c: torch.Tensor) -> torch.Tensor:
-        return rows_nchw(c, self.out_shape)
+    n, _, h, w = t.extra["conv"]["x_shape"]
+    return rows_nchw(c, (n, t.spec.n, h, w))
 
 
 def rows_nchw(c: torch.Tensor, out_shape) -> torch.Tensor:
@@ -186,54 +177,6 @@ def gemm_spec(step: TacticStep, values: dict) -> GemmSpec | None:
                     epilogue)
 
 
-@dataclass(frozen=True)
-class GemmPlan:
-    """A step's GEMM, its rendered candidates, and (1x1 convolutions) the step's geometry."""
-
-    build: object  # gemm.GemmBuild
-    conv: dict | None = None  # {"x_shape", "affine"} of a 1x1 convolution
-
-
-def plan_gemms(steps: list[TacticStep], values_of: dict, config) -> dict[str, GemmPlan]:
-    """The GEMM of each linear or 1x1 convolution step the template can take (by step name;
-    ``values_of[name]``: the specs of its program's values), with its ``config.topn``
-    candidates rendered (:data:`CONV_TILINGS` at most for a convolution)."""
-    out = {}
-    target = None
-    for s in steps:
-        spec = gemm_spec(s, values_of[s.name])
-        if spec is None:
-            continue
-        target = target or GemmTarget.detect(config.effective_cores, config.march)
-        conv = None
-        cfg = config
-        if s.tactic_kind == "conv":
-            conv = {"x_shape": tuple(s.desc["x_shape"]), "affine": bool(s.desc["epilogue"]["affine"])}
-            cfg = dataclasses.replace(config, topn=min(config.topn, CONV_TILINGS))
-        out[s.name] = GemmPlan(plan(spec, cfg, target), conv)
-    return out
-
-
-def compile_gemm_plans(plans: dict[str, GemmPlan], config, progress=None) -> dict[str, list[GemmTactic]]:
-    """Compile every planned GEMM (one ``compile_kernels`` call, cached like fused kernels);
-    the candidates that compiled, as tactics, by step name, in the cost model's order."""
-    if not plans:
-        return {}
-    out: dict[str, list[GemmTactic]] = {}
-    builds = [p.build.build for p in plans.values()]
-    for (name, p), ck in zip(plans.items(), compile_kernels(builds, config, progress)):
-        b, cands = p.build, []
-        for rank, (gc, cc) in enumerate(zip(b.candidates, ck.candidates)):
-            if not cc.ok:
-                log.info("GEMM %s candidate #%d did not compile", b.spec.name, rank)
-                continue
-            k = GemmKernel(b.spec, cc.so_path, cc.candidate.kernel_key)
-            args = (b.spec, cc.candidate, str(cc.so_path), k.b_packed, k.packed_b_bytes, rank)
-            cands.append(ConvGemmTactic(*args, **p.conv) if p.conv else GemmTactic(*args))
-        out[name] = cands
-    return out
-
-
 class GemmRunner:
     """One GEMM candidate on a step's named tensors: B prepared (packed) once; :meth:`verify`
     runs it in the kernel sandbox, and only then may it be called in-process. A call is what the
@@ -241,9 +184,9 @@ class GemmRunner:
     given) after the copies of operands that arrive in another layout than the kernel's rows (a
     view otherwise, free in the graph too)."""
 
-    def __init__(self, gt: GemmTactic, named: dict, pool: int | None = None):
+    def __init__(self, gt: KernelTactic, named: dict, pool: int | None = None):
         self.gt = gt
-        self.kernel = GemmKernel(gt.spec, gt.so_path, gt.key)
+        self.kernel = GemmKernel(gt.spec, gt.so_path, gt.candidate.kernel_key)
         self.x, self.other = named["x"], named.get("other")
         weights = gt.kernel_weights(named)
         self.b = self.kernel.prepare_b(weights["weight"])
@@ -258,7 +201,7 @@ class GemmRunner:
         self._launch = self.kernel.lib.bind(ins, [self.out], self.kernel.workspace_buffer, pool=pool)
 
     def _operand(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        src = self.gt.row_order(t)
+        src = _row_order(self.gt, t)
         if src.is_contiguous():
             return src.reshape(self.gt.spec.m, n)
         rows = torch.empty((self.gt.spec.m, n), dtype=t.dtype)
@@ -281,39 +224,16 @@ class GemmRunner:
         ins = [self.a, b] + ([self.bias] if self.bias is not None else []) + self.residuals
         return verify_in_sandbox(sandbox, self.gt.so_path, self.gt.candidate.workspace, ins,
                                  ((spec.m, spec.n), DTYPES[spec.dtype][1]), timeout_s, expected, ref64,
-                                 lambda t: self.gt.rows(t, spec.n))
+                                 lambda t: _rows(self.gt, t, spec.n))
 
     def values(self) -> dict[str, TensorSpec]:
         spec = self.gt.spec
-        out = self.gt.result(torch.empty((spec.m, spec.n), dtype=DTYPES[spec.dtype][1], device="meta"))
+        out = _result(self.gt, torch.empty((spec.m, spec.n), dtype=DTYPES[spec.dtype][1], device="meta"))
         return {"x": TensorSpec.of(self.x), "out": TensorSpec.of(out)}
 
 
-def lowered_tactic(chosen: dict) -> GemmTactic:
-    """The GEMM tactic a lowered step's ``chosen`` records (its library in the build cache)."""
-    spec = GemmSpec.from_json(chosen["gemm"])
-    cand = Candidate(chosen["tiling_repr"], chosen["workspace"], chosen["block_dim"])
-    args = (spec, cand, chosen["so_path"], chosen["b_packed"], chosen["packed_b_bytes"], 0)
-    if "conv" in chosen:  # its weights were folded at lowering: bound as [O, C] and bias
-        return ConvGemmTactic(*args, x_shape=tuple(chosen["conv"]["x_shape"]), affine=False)
-    return GemmTactic(*args)
+GEMM = GemmFamily()
 
 
-def lowered_gemm_runner(chosen: dict, named: dict):
-    """Python mode of a lowered GEMM step (``TacticStep.chosen``): B packed once from ``named``'s
-    weight; returns ``run(named) -> the step's output``."""
-    gt = lowered_tactic(chosen)
-    kernel = GemmKernel(gt.spec, chosen["so_path"], chosen["kernel_key"])
-    b = kernel.prepare_b(named["weight"])
-    n, k = gt.spec.n, gt.spec.k
-
-    def run(named: dict) -> torch.Tensor:
-        res = [gt.rows(named["other"], n)] if "other" in named else []
-        return gt.result(kernel(gt.rows(named["x"], k), b, named.get("bias"), res))
-
-    return run
-
-
-__all__ = ["GemmTactic", "ConvGemmTactic", "GemmRunner", "GemmPlan", "gemm_spec", "conv_gemm_spec", "plan_gemms",
-           "compile_gemm_plans", "lowered_gemm_runner", "lowered_tactic", "rows_nchw",
-           "conv_gemm_weights", "epilogue_steps", "CONV_TILINGS"]
+__all__ = ["GEMM", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw", "conv_gemm_weights",
+           "epilogue_steps", "CONV_TILINGS"]
