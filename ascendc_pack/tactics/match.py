@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from ascendc_pack.passes.fuse import Graph
+from ascendc_pack.ir.epilogue import BINARY, EPILOGUE
 from ascendc_pack.ir.program import AtenStep, Program, Ref
 from ascendc_pack.tactics.match_attention import match_attention
 
@@ -35,26 +36,10 @@ MM_OPS = ("aten.addmm.default", "aten.mm.default", "aten.bmm.default")
 RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 TACTIC_DTYPES = ("float32", "bfloat16", "float16")
 
-# Activations as capture decomposes them: (op, args) per step; "v" is the input, an int the
-# result of that earlier pattern step, anything else a constant. The last step is the result.
-UNARY_PATTERNS: dict[str, tuple] = {
-    "relu": (("aten.relu.default", ("v",)),),
-    "sigmoid": (("aten.sigmoid.default", ("v",)),),
-    "tanh": (("aten.tanh.default", ("v",)),),
-    "silu": (("aten.sigmoid.default", ("v",)), ("aten.mul.Tensor", ("v", 0))),
-    "gelu": (("aten.mul.Tensor", ("v", 0.5)), ("aten.mul.Tensor", ("v", 0.7071067811865476)),
-             ("aten.erf.default", (1,)), ("aten.add.Tensor", (2, 1)), ("aten.mul.Tensor", (0, 3))),
-    "gelu_tanh": (("aten.mul.Tensor", ("v", "v")), ("aten.mul.Tensor", (0, "v")), ("aten.mul.Tensor", (1, 0.044715)),
-                  ("aten.add.Tensor", ("v", 2)), ("aten.mul.Tensor", (3, 0.7978845608028654)),
-                  ("aten.mul.Tensor", ("v", 0.5)), ("aten.tanh.default", (4,)), ("aten.add.Tensor", (6, 1)),
-                  ("aten.mul.Tensor", (5, 7))),
-    "hardswish": (("aten.add.Tensor", ("v", 3)), ("aten.clamp.default", (0, 0)), ("aten.clamp.default", (1, None, 6)),
-                  ("aten.mul.Tensor", ("v", 2)), ("aten.div.Tensor", (3, 6))),
-    "hardsigmoid": (("aten.add.Tensor", ("v", 3)), ("aten.clamp.default", (0, 0)),
-                    ("aten.clamp.default", (1, None, 6)), ("aten.div.Tensor", (2, 6))),
-}
+UNARY_PATTERNS: dict[str, tuple] = {n: op.pattern for n, op in EPILOGUE.items() if op.pattern is not None}
+"""Activations as capture decomposes them (:data:`ascendc_pack.ir.epilogue.EPILOGUE`)."""
 _COMMUTATIVE = {"aten.add.Tensor", "aten.mul.Tensor"}
-BINARY_OPS = {"aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor": "mul"}
+BINARY_OPS = {f"aten.{n}.Tensor": n for n in BINARY}
 
 
 @dataclass

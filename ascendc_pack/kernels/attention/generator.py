@@ -26,22 +26,20 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ascendc_pack_runtime.kernels import KernelLibrary
 
-from ascendc_pack.cache import check_component, stable_hash
-from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.kernels.fused.codegen import template_env
-from ascendc_pack.toolchain.compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, isa_features
+from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.kernels.conv.common import IntTiling, scored_space
 from ascendc_pack.errors import PackError
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
+from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
+from ascendc_pack.kernels.gemm.generator import GemmTarget
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/attention.cpp.j2"
@@ -54,12 +52,6 @@ a ``kv_len`` whose single row does not fit is left to torch's flash attention.""
 
 class AttnSpecError(PackError, ValueError):
     """An attention-kernel spec or call is inconsistent (the message names the field and the fix)."""
-
-
-def _template_version() -> str:
-    env = template_env()
-    source = env.loader.get_source(env, TEMPLATE_NAME)[0]
-    return "attention-v1-" + stable_hash(source, Path(__file__).read_bytes())[:16]
 
 
 def _positive(name: str, what: str, v) -> None:
@@ -188,7 +180,7 @@ class AttnSpec:
 
 
 @dataclass(frozen=True)
-class AttnTiling(IntTiling):
+class AttnTiling(Tiling):
     """``qb`` query rows per task; the scores' register block ``mr`` rows x ``nrv`` vectors (the
     Kᵀ panel width); P·V's ``pv_mr`` rows x ``pvw`` vectors; ``bd`` threads; ``lanes`` floats
     per vector."""
@@ -203,13 +195,6 @@ class AttnTiling(IntTiling):
 
     error = AttnSpecError
     kind = "attention"
-
-
-@dataclass(frozen=True)
-class AttnCandidate:
-    tiling: AttnTiling
-    candidate: Candidate
-    est_us: float
 
 
 def _ceil(a: int, b: int) -> int:
@@ -307,11 +292,11 @@ def _space(spec: AttnSpec, target: GemmTarget) -> list[AttnTiling]:
     return out
 
 
-def _varied(cands: list[AttnCandidate]) -> list[AttnCandidate]:
+def _varied(cands: list[KernelCandidate]) -> list[KernelCandidate]:
     """``cands`` (one thread count, sorted by estimate) reordered for PGO: the best tiling of
     each score block, then of each P·V block and rows per task, then the rest by estimate (the
     estimate ranks blocks within ~10 %; measured candidates differ by up to 1.6x)."""
-    ranked: dict[int, AttnCandidate] = {}
+    ranked: dict[int, KernelCandidate] = {}
     for kind in (lambda t: (t.mr, t.nrv), lambda t: (t.pv_mr, t.pvw), lambda t: t.qb):
         firsts: dict = {}
         for c in cands:
@@ -323,11 +308,11 @@ def _varied(cands: list[AttnCandidate]) -> list[AttnCandidate]:
     return list(ranked.values())
 
 
-def propose(spec: AttnSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[AttnCandidate]:
+def propose(spec: AttnSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best estimate first, never more threads than
     ``target.cores``: the varied best of the best thread count (:func:`_varied`), and the best
     of the other thread count last (PGO confirms or refutes the threading)."""
-    scored = scored_space(spec, target, _space(spec, target), workspace, estimate_us, AttnCandidate)
+    scored = family.scored(spec, target, _space(spec, target), workspace, estimate_us)
     groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
     groups.sort(key=lambda g: g[0].est_us)
     n = max(1, min(topn, MAX_CANDIDATES))
@@ -339,7 +324,7 @@ def propose(spec: AttnSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
 # ----------------------------------------------------------------------------- render + build
 
 
-def render(spec: AttnSpec, cand: AttnCandidate, isa: str) -> str:
+def render(spec: AttnSpec, cand: KernelCandidate, isa: str) -> str:
     """C++ source of one candidate (a static kernel: shapes, strides and tiling compiled in)."""
     t, c = cand.tiling, cand.candidate
     shared, thread = _layout(spec, t)
@@ -354,27 +339,12 @@ def render(spec: AttnSpec, cand: AttnCandidate, isa: str) -> str:
         t=t, n_inputs=spec.n_inputs, shared_bytes=shared, thread_bytes=thread)
 
 
-TEMPLATE_VERSION = _template_version()
+GENERATOR = Generator("attention", __name__, TEMPLATE_NAME, propose, render, AttnTiling)
 
 
-@dataclass
-class AttnBuild:
-    """One attention's ranked candidates and the compile request for them (same order)."""
-
-    spec: AttnSpec
-    candidates: list[AttnCandidate]
-    build: KernelBuild
-    compiled: CompiledKernel | None = field(default=None)
-
-
-def plan(spec: AttnSpec, config: BuildConfig, target: GemmTarget | None = None) -> AttnBuild:
+def plan(spec: AttnSpec, config: BuildConfig, target: GemmTarget | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    isa = ",".join(isa_features(config.march))
-    ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
-    cands = propose(spec, target, config.topn)
-    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
-    return AttnBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
+    return family.plan(GENERATOR, spec, config, target)
 
 
 # ----------------------------------------------------------------------------- launching
@@ -425,5 +395,5 @@ def _has_strides(t: torch.Tensor, stride) -> bool:
     return all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride))
 
 
-__all__ = ["AttnSpec", "AttnSpecError", "AttnTiling", "AttnCandidate", "AttnBuild", "AttnKernel", "MAX_CANDIDATES",
+__all__ = ["AttnSpec", "AttnSpecError", "AttnTiling", "KernelCandidate", "GENERATOR", "AttnKernel", "MAX_CANDIDATES",
            "estimate_us", "plan", "propose", "render", "workspace"]

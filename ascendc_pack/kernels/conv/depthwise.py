@@ -22,41 +22,29 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 
-from ascendc_pack.cache import check_component, stable_hash
-from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.kernels.fused.codegen import template_env
-from ascendc_pack.toolchain.compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
-from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, PARALLEL_MIN_US, UNARY_C, scored_space, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
+from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
+from ascendc_pack.kernels.gemm.generator import GemmTarget
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/dwconv.cpp.j2"
 
-# the steps whose UNARY_C statement is also valid on a GCC vector `v` (mixed scalar/vector ternaries)
-_VECTOR_OPS = frozenset({"add", "relu", "relu6", "hardsigmoid", "hardswish"})
 
 
 class DwConvSpecError(PackError, ValueError):
     """A depthwise-convolution spec or kernel call is inconsistent (the message names the field
     and the fix)."""
-
-
-def _template_version() -> str:
-    """Changes whenever the template or the generator changes (cached kernels are not reused)."""
-    env = template_env()
-    source = env.loader.get_source(env, TEMPLATE_NAME)[0]
-    return "dwconv-v1-" + stable_hash(source, Path(__file__).read_bytes())[:16]
-
-
-# ----------------------------------------------------------------------------- spec
 
 
 @dataclass(frozen=True)
@@ -182,7 +170,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class DwConvTiling:
+class DwConvTiling(Tiling):
     """A candidate's parameters: ``cb`` channels per block (``cb / lanes`` vectors), ``owb``
     output columns per register block, ``rb`` output rows per task (a task runs every channel
     block over its rows, so a block's input rows stay in L1 from one row to the next), ``bd``
@@ -194,21 +182,8 @@ class DwConvTiling:
     bd: int
     lanes: int
 
-    @property
-    def tiling_repr(self) -> str:
-        return ";".join(f"{k}={getattr(self, k)}" for k in _TILING_FIELDS)
-
-
-_TILING_FIELDS = sorted(f.name for f in fields(DwConvTiling))
-
-
-@dataclass(frozen=True)
-class DwConvCandidate:
-    """A tiling, its candidate triple (kernel_key) and its estimated time."""
-
-    tiling: DwConvTiling
-    candidate: Candidate
-    est_us: float
+    error = DwConvSpecError
+    kind = "depthwise-convolution"
 
 
 @dataclass(frozen=True)
@@ -241,10 +216,6 @@ def channel_parts(c: int, cb: int, lanes: int) -> list[ChannelPart]:
     return parts
 
 
-# cycles per vector of each epilogue step: in registers (the vector steps) or in the row pass
-# (the lane steps; measured standalone on the build host: silu ~1 ns per float)
-_STEP_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "add": 1, "silu": 24, "sigmoid": 30,
-                "tanh": 30, "gelu_tanh": 35, "gelu": 60}
 # Machine constants of the estimate (cycles unless named otherwise). Rank only: fitted to the
 # measured times of every single-thread candidate of 15 mobilenet / efficientnet shapes on the
 # build host (AVX2, Zen 3), see docs/DWCONV.md
@@ -282,7 +253,7 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
     col_taps = _axis_taps(spec.ow, *cols)
     lo, hi = spec.interior_cols
     vector, _ = _epilogue(spec)
-    steps = sum(_STEP_CYCLES[op] for op in spec.epilogue)
+    steps = sum(EPILOGUE[op].pass_cycles for op in spec.epilogue)
     epi = 1 + int(spec.bias) + (steps if vector else 0)  # per vector, in the register blocks
     row_cycles = 0.0  # one output row, every channel
     for part in channel_parts(spec.c, t.cb, t.lanes):
@@ -359,12 +330,12 @@ def _space(spec: DwConvSpec, target: GemmTarget) -> list[DwConvTiling]:
     return out
 
 
-def _varied(cands: list[DwConvCandidate]) -> list[DwConvCandidate]:
+def _varied(cands: list[KernelCandidate]) -> list[KernelCandidate]:
     """``cands`` (sorted by estimate) reordered for PGO: the best three channel blocks and the
     best three column blocks first, then the rest by estimate."""
-    ranked: dict[int, DwConvCandidate] = {}  # by id: insertion-ordered, no deep comparisons
+    ranked: dict[int, KernelCandidate] = {}  # by id: insertion-ordered, no deep comparisons
     for kind in (lambda t: t.cb, lambda t: t.owb):
-        firsts: dict[int, DwConvCandidate] = {}
+        firsts: dict[int, KernelCandidate] = {}
         for c in cands:
             firsts.setdefault(kind(c.tiling), c)
         for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
@@ -374,14 +345,14 @@ def _varied(cands: list[DwConvCandidate]) -> list[DwConvCandidate]:
     return list(ranked.values())
 
 
-def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[DwConvCandidate]:
+def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, never more
     threads than ``target.cores``. Multi-thread candidates appear only where the best
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
     ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: every thread count gets an equal
     share (the cost model cannot know whether the other cores are busy), and within one the best
     few channel and column blocks come before the runners-up."""
-    scored = scored_space(spec, target, _space(spec, target), lambda s, t: 0, estimate_us, DwConvCandidate)
+    scored = family.scored(spec, target, _space(spec, target), lambda s, t: 0, estimate_us)
     groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
     groups.sort(key=lambda g: g[0].est_us)
     picked = [c for row in itertools.zip_longest(*groups) for c in row if c is not None]
@@ -393,17 +364,17 @@ def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) ->
 
 def _epilogue(spec: DwConvSpec) -> tuple[bool, list[str]]:
     """(whether the steps run in the register blocks, their C statements on ``v``). Steps of
-    plain arithmetic (:data:`_VECTOR_OPS`) run on the accumulator vectors before the store and
+    plain arithmetic (``EpilogueOp.vector``) run on the accumulator vectors before the store and
     read the residual as ``ld<L>(rp)``; with any step of kernel_math.h (exp, erf, tanh) every
     step runs in one ``#pragma omp simd`` pass over each finished output row (all channels,
     contiguous; in L1/L2 by then) reading ``rp[j]``: measured 10-25 % faster than a lane loop
     per register block, whose short loops do not overlap the next block's FMAs."""
-    vector = all(op in _VECTOR_OPS for op in spec.epilogue)
+    vector = all(EPILOGUE[op].vector for op in spec.epilogue)
     res = "v += ld<L>(rp);" if vector else "v += rp[j];"
-    return vector, [res if op == "add" else UNARY_C[op] for op in spec.epilogue]
+    return vector, [res if op == "add" else c_statement(op) for op in spec.epilogue]
 
 
-def render(spec: DwConvSpec, cand: DwConvCandidate, isa: str) -> str:
+def render(spec: DwConvSpec, cand: KernelCandidate, isa: str) -> str:
     """C++ source of one candidate (a static kernel: shapes and tiling compiled in)."""
     t, c = cand.tiling, cand.candidate
     vector, steps = _epilogue(spec)
@@ -414,40 +385,20 @@ def render(spec: DwConvSpec, cand: DwConvCandidate, isa: str) -> str:
         vector_epilogue=vector, steps=steps)
 
 
-TEMPLATE_VERSION = _template_version()
+GENERATOR = Generator("dwconv", __name__, TEMPLATE_NAME, propose, render, DwConvTiling)
 
 
-@dataclass
-class DwConvBuild:
-    """One convolution's ranked candidates and the compile request for them (same order)."""
-
-    spec: DwConvSpec
-    candidates: list[DwConvCandidate]
-    build: KernelBuild
-    compiled: CompiledKernel | None = field(default=None)
-
-
-def plan(spec: DwConvSpec, config: BuildConfig, target: GemmTarget | None = None) -> DwConvBuild:
+def plan(spec: DwConvSpec, config: BuildConfig, target: GemmTarget | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    isa = ",".join(isa_features(config.march))
-    ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
-    cands = propose(spec, target, config.topn)
-    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
-    return DwConvBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
+    return family.plan(GENERATOR, spec, config, target)
 
 
 def compile_dwconvs(specs: list[DwConvSpec], config: BuildConfig, target: GemmTarget | None = None,
-                    **compile_kwargs) -> list[DwConvBuild]:
-    """Plan every spec and compile all their candidates in one ``compile_kernels`` call
-    (parallel across specs, cached like fused kernels)."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    builds = [plan(s, config, target) for s in specs]
-    for b, ck in zip(builds, compile_kernels([b.build for b in builds], config, **compile_kwargs)):
-        b.compiled = ck
-    return builds
+                    **compile_kwargs) -> list[FamilyBuild]:
+    """Plan every spec and compile all their candidates in one ``compile_kernels`` call."""
+    return family.compile_all(GENERATOR, specs, config, target, **compile_kwargs)
 
 
-__all__ = ["DwConvSpec", "DwConvSpecError", "DwConvTiling", "DwConvCandidate", "DwConvBuild", "EPILOGUE_OPS",
+__all__ = ["DwConvSpec", "DwConvSpecError", "DwConvTiling", "GENERATOR", "EPILOGUE_OPS",
            "MAX_CANDIDATES", "channel_parts", "compile_dwconvs", "estimate_us", "fold_affine", "interior",
            "pack_weight", "plan", "propose", "render"]

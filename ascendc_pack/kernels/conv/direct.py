@@ -23,45 +23,31 @@ has the details.
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 
-from ascendc_pack.cache import check_component, stable_hash
-from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.kernels.fused.codegen import template_env
-from ascendc_pack.toolchain.compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
-from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, PARALLEL_MIN_US, IntTiling, scored_space, UNARY_C, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from ascendc_pack.kernels.family import PARALLEL_MIN_US, FamilyBuild, Generator, KernelCandidate, Tiling  # noqa: F401
+from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
+from ascendc_pack.kernels.gemm.generator import GemmTarget
 
 MAX_CANDIDATES = 10
 # memory layouts x and the residual may have: "nhwc" (a channels_last [N, C, H, W] tensor) or
 # "nchw" (a contiguous one: read in place, e.g. a graph input, instead of a relayouted copy)
 LAYOUTS = ("nhwc", "nchw")
 TEMPLATE_NAME = "kernel/directconv.cpp.j2"
-# cycles per vector of each epilogue step (the cost model's)
-_UNARY_CYCLES = {"relu": 1, "relu6": 2, "hardsigmoid": 4, "hardswish": 5, "gelu": 12, "gelu_tanh": 12,
-                 "silu": 10, "sigmoid": 10, "tanh": 12, "add": 1}
 
 
 class ConvSpecError(PackError, ValueError):
     """A direct-convolution spec or kernel call is inconsistent (the message names the field and
     the fix)."""
-
-
-def _template_version() -> str:
-    """Changes whenever the template or the generator changes (cached kernels are not reused)."""
-    env = template_env()
-    source = env.loader.get_source(env, TEMPLATE_NAME)[0]
-    return "directconv-v1-" + stable_hash(source, Path(__file__).read_bytes())[:16]
-
-
-# ----------------------------------------------------------------------------- spec
 
 
 def _pair(spec_name: str, what: str, value, least: int) -> Pair:
@@ -217,7 +203,7 @@ def pack_weight(weight: torch.Tensor, ocb: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class ConvTiling(IntTiling):
+class ConvTiling(Tiling):
     """A candidate's parameters: ``ocb`` output channels per block (``ocb / lanes`` vectors per
     register tile), ``owb`` output pixels of a row per register tile (``owb x ocb / lanes``
     accumulators), ``kc`` input channels per block (the block's weights, ``kh x kw x kc x ocb``,
@@ -252,15 +238,6 @@ def check_tiling(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> None:
         problems.append(f"bd={t.bd} exceeds the core limit {target.cores}")
     if problems:
         raise ConvSpecError(f"direct conv {spec.name}: tiling {t.tiling_repr} cannot be built: " + "; ".join(problems))
-
-
-@dataclass(frozen=True)
-class ConvCandidate:
-    """A tiling, its candidate triple (kernel_key) and its estimated time."""
-
-    tiling: ConvTiling
-    candidate: Candidate
-    est_us: float
 
 
 def row_tiles(ow: int, owb: int) -> list[tuple[int, int]]:
@@ -356,7 +333,7 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
     w_block = s.kh * s.kw * kc * t.ocb * 4
     factor = (L2_MISFIT if w_block > target.l2 * 0.5 else 1.0) * \
         (L1_CONFLICT if l1_conflict(s, t.ocb, kc, target.l1d) else 1.0)
-    epi = 1 + int(s.bias) + sum(_UNARY_CYCLES[op] for op in s.epilogue)
+    epi = 1 + int(s.bias) + sum(EPILOGUE[op].cycles for op in s.epilogue)
     taps = sum(_row_taps(s)) * s.kw  # taps of one output column over every row of an image
     cyc_image = 0.0  # one image, every channel block and input block
     for nv, ob_count in oblocks:
@@ -437,15 +414,15 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[ConvTiling]:
     return out
 
 
-def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[ConvCandidate]:
+def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, deterministic,
     never more threads than ``target.cores``. Multi-thread candidates appear only where the best
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
     ``PAYOFF_MARGIN`` of it. The list keeps variety for PGO: the best of every thread count, then
     of up to three register tiles per thread count, then the best input-blocked one (kc < c_in)
     come before the runners-up."""
-    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us, ConvCandidate)
-    ranked: dict[int, ConvCandidate] = {}  # by id: insertion-ordered
+    scored = family.scored(spec, target, _space(spec, target), workspace_bytes, estimate_us)
+    ranked: dict[int, KernelCandidate] = {}  # by id: insertion-ordered
     firsts: dict = {}
     for c in scored:
         firsts.setdefault(("bd", c.tiling.bd), c)
@@ -475,10 +452,10 @@ _RESIDUAL_C = {"nhwc": "v += rp[j];", "nchw": "v += rp[j * OH * OW];"}
 def epilogue_lines(spec: ConvSpec) -> list[str]:
     """C statements on the float ``v`` of output channel ``j`` of a tile row: bias, the steps."""
     return (["v += bp[j];"] if spec.bias else []) + \
-        [_RESIDUAL_C[spec.residual_layout] if op == "add" else UNARY_C[op] for op in spec.epilogue]
+        [_RESIDUAL_C[spec.residual_layout] if op == "add" else c_statement(op) for op in spec.epilogue]
 
 
-def render(spec: ConvSpec, cand: ConvCandidate, isa: str) -> str:
+def render(spec: ConvSpec, cand: KernelCandidate, isa: str) -> str:
     """C++ source of one candidate (a static kernel: shapes and tiling compiled in)."""
     t, c = cand.tiling, cand.candidate
     return template_env().get_template(TEMPLATE_NAME).render(
@@ -488,56 +465,24 @@ def render(spec: ConvSpec, cand: ConvCandidate, isa: str) -> str:
         thread_floats=-(-edge_floats(spec, t) // 16) * 16)
 
 
-TEMPLATE_VERSION = _template_version()
-
-
-@dataclass
-class ConvBuild:
-    """One convolution's ranked candidates and the compile request for them (same order)."""
-
-    spec: ConvSpec
-    candidates: list[ConvCandidate]
-    build: KernelBuild
-    compiled: CompiledKernel | None = field(default=None)
+GENERATOR = Generator("directconv", __name__, TEMPLATE_NAME, propose, render, ConvTiling, workspace_bytes,
+                      estimate_us, check_tiling)
 
 
 def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
-         tilings: list[ConvTiling] | None = None) -> ConvBuild:
+         tilings: list[ConvTiling] | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order: e.g. one fixed tiling per step) and render their sources."""
-    return plan_with(sys.modules[__name__], spec, config, target, tilings)
-
-
-def plan_with(kernel, spec: ConvSpec, config: BuildConfig, target: GemmTarget | None, tilings) -> ConvBuild:
-    """:func:`plan` for the kernel generator module ``kernel`` (this one, or
-    :mod:`ascendc_pack.kernels.conv.winograd`: its ``propose``, ``check_tiling``, ``workspace_bytes``,
-    ``estimate_us``, ``render`` and ``TEMPLATE_VERSION``)."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    isa = ",".join(isa_features(config.march))
-    ahash = artifact_hash(spec.spec_text(), kernel.TEMPLATE_VERSION, config.cores, config.march)
-    if tilings is None:
-        cands = kernel.propose(spec, target, config.topn)
-    else:
-        for t in tilings:
-            kernel.check_tiling(spec, t, target)
-        cands = [ConvCandidate(t, Candidate(t.tiling_repr, kernel.workspace_bytes(spec, t), t.bd),
-                               kernel.estimate_us(spec, t, target)) for t in tilings]
-    sources = [CandidateSource(c.candidate, kernel.render(spec, c, isa)) for c in cands]
-    return ConvBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
+    return family.plan(GENERATOR, spec, config, target, tilings)
 
 
 def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget | None = None,
-                  **compile_kwargs) -> list[ConvBuild]:
-    """Plan every spec and compile all their candidates in one ``compile_kernels`` call
-    (parallel across specs, cached like fused kernels)."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    builds = [plan(s, config, target) for s in specs]
-    for b, ck in zip(builds, compile_kernels([b.build for b in builds], config, **compile_kwargs)):
-        b.compiled = ck
-    return builds
+                  **compile_kwargs) -> list[FamilyBuild]:
+    """Plan every spec and compile all their candidates in one ``compile_kernels`` call."""
+    return family.compile_all(GENERATOR, specs, config, target, **compile_kwargs)
 
 
-__all__ = ["ConvBuild", "ConvCandidate", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
+__all__ = ["GENERATOR", "ConvSpec", "ConvSpecError", "ConvTiling", "EPILOGUE_OPS",
            "MAX_CANDIDATES", "PARALLEL_MIN_US", "UNARY_OPS", "check_tiling", "compile_convs", "edge_floats",
-           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "plan_with", "propose",
+           "epilogue_lines", "estimate_us", "fold_affine", "interior", "l1_conflict", "pack_weight", "plan", "propose",
            "render", "row_tiles", "tile_cycles", "workspace_bytes"]

@@ -22,20 +22,18 @@ sum's: it must stay within the float32 tolerance). docs/WINOGRAD.md has the deta
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from ascendc_pack.cache import stable_hash
-from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.kernels.conv.common import IntTiling, scored_space
-from ascendc_pack.kernels.conv.direct import (GHZ, TILE_CYCLES, _UNARY_CYCLES, ConvBuild, ConvCandidate, ConvSpec, ConvSpecError,
-                         epilogue_lines, plan_with, tile_cycles)
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.ir.epilogue import EPILOGUE
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.conv.direct import GHZ, TILE_CYCLES, ConvSpec, ConvSpecError, epilogue_lines, tile_cycles
+from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
+from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
+from ascendc_pack.kernels.gemm.generator import GemmTarget
 
 MAX_CANDIDATES = 6
 TEMPLATE_NAME = "kernel/winograd.cpp.j2"
@@ -53,12 +51,6 @@ OUT_CALL_CYCLES = 60.0  # an output transform's call and pixel loops, per tile a
 MEM_GBPS = 20.0  # per thread, what does not stay in L2
 MEM_BYTES_PER_CYCLE = 8.0  # a band buffer written to memory and read back (bigger than L2)
 L2_BYTES_PER_CYCLE = 32.0
-
-
-def _template_version() -> str:
-    env = template_env()
-    source = env.loader.get_source(env, TEMPLATE_NAME)[0]
-    return "winograd-v1-" + stable_hash(source, Path(__file__).read_bytes())[:16]
 
 
 def check_spec(spec: ConvSpec) -> None:
@@ -96,7 +88,7 @@ def pack_weight(weight: torch.Tensor, ocb: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class WinoTiling(IntTiling):
+class WinoTiling(Tiling):
     """A candidate's parameters: ``ocb`` output channels per block (``ocb / lanes`` vectors of a
     register tile), ``tb`` tiles per register tile, ``tblk`` tiles per task (a multiple of
     ``tb``), ``br`` tile rows per band (the transformed input of a band is one buffer), ``bd``
@@ -174,7 +166,7 @@ def estimate_us(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> float:
     full_ob, tail_o = divmod(s.c_out, t.ocb)
     oblocks = [(t.ocb // vec, full_ob)] + ([(-(-tail_o // vec), 1)] if tail_o else [])
     obs = full_ob + int(bool(tail_o))
-    epi = 1 + int(s.bias) + sum(_UNARY_CYCLES[op] for op in s.epilogue)
+    epi = 1 + int(s.bias) + sum(EPILOGUE[op].cycles for op in s.epilogue)
     cvec = -(-s.c_in // vec) + (s.c_in % vec) * (vec - 1) / vec  # tail channels go one at a time
     bands = [min(t.br, th - b) for b in range(0, th, t.br)]
     cyc, tasks_total, mem = 0.0, 0, 0.0
@@ -233,12 +225,12 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[WinoTiling]:
     return out
 
 
-def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[ConvCandidate]:
+def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 6)`` distinct candidates (multi-thread ones where they pay:
-    :func:`~ascendc_pack.kernels.conv.common.scored_space`), the best first, then for variety the best of
+    :func:`~ascendc_pack.kernels.family.scored`), the best first, then for variety the best of
     another output-channel block and of the other band mode, then the rest by estimate."""
     check_spec(spec)
-    scored = scored_space(spec, target, _space(spec, target), workspace_bytes, estimate_us, ConvCandidate)
+    scored = family.scored(spec, target, _space(spec, target), workspace_bytes, estimate_us)
     # variety for PGO (the estimate ranks register tiles and band modes within ~20 %): the best,
     # then the best of another output-channel block, then the best of the other band mode
     firsts: dict = {}
@@ -266,15 +258,16 @@ def render(spec: ConvSpec, cand, isa: str) -> str:
         steps=epilogue_lines(spec))
 
 
-TEMPLATE_VERSION = _template_version()
+GENERATOR = Generator("winograd", __name__, TEMPLATE_NAME, propose, render, WinoTiling, workspace_bytes,
+                      estimate_us, check_tiling)
 
 
 def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
-         tilings: list[WinoTiling] | None = None) -> ConvBuild:
+         tilings: list[WinoTiling] | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order) and render their sources."""
-    return plan_with(sys.modules[__name__], spec, config, target, tilings)
+    return family.plan(GENERATOR, spec, config, target, tilings)
 
 
-__all__ = ["MAX_CANDIDATES", "MIN_CHANNELS", "WinoTiling", "buffer_floats", "check_spec", "check_tiling",
+__all__ = ["GENERATOR", "MAX_CANDIDATES", "MIN_CHANNELS", "WinoTiling", "buffer_floats", "check_spec", "check_tiling",
            "estimate_us", "pack_weight", "plan", "propose", "render", "slots", "tiles", "workspace_bytes"]

@@ -21,7 +21,8 @@ from ascendc_pack_runtime.tensor_meta import DTYPES, same_layout
 
 from ascendc_pack.backends.registry import get_backend
 from ascendc_pack.cache import atomic_write_text
-from ascendc_pack.kernels.fused.codegen import TEMPLATE_VERSION, template_env
+from ascendc_pack.kernels.family import generator_version
+from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.toolchain.compiler import CandidateSource, CompiledKernel, KernelBuild, debug_dir_for
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.ir.fusion import KernelSpec
@@ -58,7 +59,8 @@ def prepare_kernels(program: Program, config: BuildConfig,
         spec_text = step.kernel.canonical_json()
         tilings[name] = backend.propose(step.kernel, target, config.topn)
         sources = [CandidateSource(t.candidate, backend.render_kernel(step.kernel, t, isa)) for t in tilings[name]]
-        ahash = backend.artifact_hash(spec_text, TEMPLATE_VERSION, config)
+        ahash = backend.artifact_hash(spec_text, generator_version("fused", "ascendc_pack.kernels.fused.codegen",
+                                                                     "kernel/fused.cpp.j2"), config)
         builds.append(KernelBuild(name, ahash, sources))
     compiled = backend.compile(builds, config, progress)
     result = {b.kernel_name: KernelCandidates(steps[b.kernel_name], tilings[b.kernel_name], ck)

@@ -15,7 +15,6 @@ template writes the loops for the tiling's schedule:
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -48,19 +47,6 @@ def template_env() -> jinja2.Environment:
                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
 
 
-def _generator_version() -> str:
-    """Version of the generated code: changes whenever the kernel template or the code that
-    writes the C (this module, the op tables) changes, so cached kernels are never reused
-    across generator fixes."""
-    env = template_env()
-    template, _, _ = env.loader.get_source(env, "kernel/fused.cpp.j2")
-    h = hashlib.sha256(template.encode())
-    for module in (Path(__file__), Path(__file__).parents[2] / "ir" / "ops.py"):
-        h.update(module.read_bytes())
-    return "fused-v2-" + h.hexdigest()[:16]
-
-
-TEMPLATE_VERSION = _generator_version()
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,21 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 
-from ascendc_pack.cache import KernelDir, atomic_write_text, check_component, stable_hash
-from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.kernels.fused.codegen import template_env
-from ascendc_pack.toolchain.compiler import CandidateSource, CompiledKernel, KernelBuild, artifact_hash, compile_kernels, isa_features
+from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
+from ascendc_pack.kernels.fused.codegen import template_env
+from ascendc_pack.toolchain.compiler import isa_features
 
 log = logging.getLogger("ascendc_pack")
 
@@ -49,16 +52,6 @@ EPILOGUE_OPS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "ha
 multiply by the next residual input (a tensor broadcastable to [batch, M, N], strides in the
 spec; ``mul``: e.g. a gated MLP's ``up(x) * silu(gate(x))``)."""
 
-# C statement of each epilogue step on the float `v` (torch's formulas, kernel_math.h functions)
-EPILOGUE_C = {
-    "relu": "v = v < 0.0f ? 0.0f : v;",
-    "gelu": "v = v * 0.5f * (1.0f + ap_erf(v * 0.70710678118654752f));",
-    "gelu_tanh": "v = 0.5f * v * (1.0f + ap_tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));",
-    "silu": "v = v / (1.0f + ap_exp(-v));",
-    "sigmoid": "v = ap_sigmoid(v);",
-    "hardswish": "v = v * (v + 3.0f < 0.0f ? 0.0f : (v + 3.0f > 6.0f ? 6.0f : v + 3.0f)) / 6.0f;",
-    "hardsigmoid": "v = (v + 3.0f < 0.0f ? 0.0f : (v + 3.0f > 6.0f ? 6.0f : v + 3.0f)) / 6.0f;",
-}
 _CONVERT = {  # dtype -> (to float, from float, round to the dtype)
     "float32": ("x", "v", "v"),
     "bfloat16": ("ap_bf16_to_f32(x)", "ap_f32_to_bf16(v)", "ap_round_bf16(v)"),
@@ -68,12 +61,6 @@ _CONVERT = {  # dtype -> (to float, from float, round to the dtype)
 
 class GemmSpecError(PackError, ValueError):
     """A GEMM spec or a GEMM kernel call is inconsistent (message names the problem and the fix)."""
-
-
-def _template_version() -> str:
-    """Changes whenever the template or this generator changes (cached kernels are not reused)."""
-    env = template_env()
-    return "gemm-v1-" + stable_hash(env.loader.get_source(env, TEMPLATE_NAME)[0], Path(__file__).read_bytes())[:16]
 
 
 # ----------------------------------------------------------------------------- spec
@@ -260,7 +247,7 @@ class GemmTarget:
 
 
 @dataclass(frozen=True)
-class GemmTiling:
+class GemmTiling(Tiling):
     """A candidate's parameters (see the module docstring)."""
 
     mr: int
@@ -272,21 +259,8 @@ class GemmTiling:
     bd: int
     pack: str
 
-    @property
-    def tiling_repr(self) -> str:
-        return ";".join(f"{k}={getattr(self, k)}" for k in _TILING_FIELDS)
-
-
-_TILING_FIELDS = sorted(f.name for f in fields(GemmTiling))
-
-
-@dataclass(frozen=True)
-class GemmCandidate:
-    """A tiling, its candidate triple (kernel_key) and its estimated time."""
-
-    tiling: GemmTiling
-    candidate: Candidate
-    est_us: float
+    error = GemmSpecError
+    kind = "GEMM"
 
 
 def _ceil(a: int, b: int) -> int:
@@ -313,8 +287,6 @@ def workspace_bytes(spec: GemmSpec, t: GemmTiling) -> int:
     return total + 64 if total else 0
 
 
-_EPI_CYCLES = {"relu": 1, "gelu": 12, "gelu_tanh": 12, "silu": 10, "sigmoid": 10, "hardswish": 3, "hardsigmoid": 2,
-               "add": 1, "mul": 1}
 # Fraction of FMA peak a register block reaches in its k loop, by vectors per row, for blocks of
 # up to 4 rows and of 6 or more (measured single-threaded, 128x256x256, on the AVX-512 host this
 # was written on: few rows re-stream the B panel and broadcast more per FMA)
@@ -336,7 +308,7 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     the time to stream the operands from the cache level they live in; plus packing per call
     and the fork/join of a parallel region."""
     m, n, k, vec = spec.m, spec.n, spec.k, t.lanes
-    epi = 2 + sum(_EPI_CYCLES[o] for o in spec.epilogue) + (6 if spec.dtype != "float32" else 0)
+    epi = 2 + sum(EPILOGUE[o].cycles for o in spec.epilogue) + (6 if spec.dtype != "float32" else 0)
     factor = 1.0  # cache fit: the KC x NR panel about in L1, the MC x KC block of A in L2
     if t.kc * t.nr * 4 > target.l1d * 2:
         factor *= 1.15
@@ -422,7 +394,7 @@ def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
     return out
 
 
-def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[GemmCandidate]:
+def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first. The list keeps
     variety for PGO: the best of every (pack, threads) kind and of every register block come
     before the runners-up."""
@@ -431,9 +403,9 @@ def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> l
         cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
         if cand.kernel_key not in seen:
             seen.add(cand.kernel_key)
-            scored.append(GemmCandidate(t, cand, estimate_us(spec, t, target)))
+            scored.append(KernelCandidate(t, cand, estimate_us(spec, t, target)))
     scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
-    ranked: dict[int, GemmCandidate] = {}  # by id: insertion-ordered, no deep comparisons
+    ranked: dict[int, KernelCandidate] = {}  # by id: insertion-ordered, no deep comparisons
     for kind in (lambda t: (t.pack, t.bd), lambda t: (t.mr, t.nr)):
         firsts = {}
         for c in scored:
@@ -455,12 +427,12 @@ def _epilogue_lines(spec: GemmSpec) -> list[str]:
     lines = (["v += to_f32(g.bias[n]);"] if spec.bias else []) + rnd
     for j, op in enumerate(spec.epilogue):
         i = sum(o in RESIDUAL_OPS for o in spec.epilogue[:j])  # the residual input an add/mul reads
-        lines += [EPILOGUE_C[op] if op not in RESIDUAL_OPS else
+        lines += [c_statement(op) if op not in RESIDUAL_OPS else
                   f"v {'+' if op == 'add' else '*'}= to_f32(g.res{i}[bb * SR{i}_B + m * SR{i}_M + n * SR{i}_N]);"] + rnd
     return lines
 
 
-def render(spec: GemmSpec, cand: GemmCandidate, isa: str) -> str:
+def render(spec: GemmSpec, cand: KernelCandidate, isa: str) -> str:
     """C++ source of one candidate (a static kernel: shapes and tiling compiled in)."""
     t, c = cand.tiling, cand.candidate
     shared, per_thread, tail_offset = _layout_bytes(spec, t)
@@ -475,57 +447,16 @@ def render(spec: GemmSpec, cand: GemmCandidate, isa: str) -> str:
         ntail=spec.n % t.nr != 0, n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
 
 
-TEMPLATE_VERSION = _template_version()
+GENERATOR = Generator("gemm", __name__, TEMPLATE_NAME, propose, render, GemmTiling, keep_proposal=True)
 
 
-@dataclass
-class GemmBuild:
-    """One GEMM's ranked candidates and the compile request for them (same order)."""
-
-    spec: GemmSpec
-    candidates: list[GemmCandidate]
-    build: KernelBuild
-    compiled: CompiledKernel | None = field(default=None)
-
-
-def plan(spec: GemmSpec, config: BuildConfig, target: GemmTarget | None = None) -> GemmBuild:
+def plan(spec: GemmSpec, config: BuildConfig, target: GemmTarget | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` and render their sources. The proposal is
     kept in the GEMM's cache directory (a warm rebuild skips the cost model)."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    isa = ",".join(isa_features(config.march))
-    ahash = artifact_hash(spec.spec_text(), TEMPLATE_VERSION, config.cores, config.march)
-    stored = KernelDir(config.kernel_cache_root, spec.name, ahash).path / \
-        f"proposal-{stable_hash(repr(target), config.topn)[:16]}.json"
-    cands = _read_proposal(stored)
-    if cands is None:
-        cands = propose(spec, target, config.topn)
-        atomic_write_text(stored, json.dumps([[asdict(c.tiling), c.candidate.workspace, c.est_us] for c in cands]))
-    sources = [CandidateSource(c.candidate, render(spec, c, isa)) for c in cands]
-    return GemmBuild(spec, cands, KernelBuild(spec.name, ahash, sources))
-
-
-def _read_proposal(path: Path) -> list[GemmCandidate] | None:
-    """A proposal :func:`plan` stored (the cache key covers spec, generator, target and topn)."""
-    try:
-        rows = json.loads(path.read_text())
-        out = []
-        for tiling, workspace, est_us in rows:
-            t = GemmTiling(**tiling)
-            out.append(GemmCandidate(t, Candidate(t.tiling_repr, int(workspace), t.bd), float(est_us)))
-        return out or None
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError) as exc:
-        log.warning("GEMM proposal %s is unusable (%s); proposing again", path, exc)
-        return None
+    return family.plan(GENERATOR, spec, config, target)
 
 
 def compile_gemms(specs: list[GemmSpec], config: BuildConfig, target: GemmTarget | None = None,
-                  **compile_kwargs) -> list[GemmBuild]:
-    """Plan every spec and compile all their candidates in one ``compile_kernels`` call
-    (parallel across specs, cached like fused kernels)."""
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
-    builds = [plan(s, config, target) for s in specs]
-    for b, ck in zip(builds, compile_kernels([b.build for b in builds], config, **compile_kwargs)):
-        b.compiled = ck
-    return builds
+                  **compile_kwargs) -> list[FamilyBuild]:
+    """Plan every spec and compile all their candidates in one ``compile_kernels`` call."""
+    return family.compile_all(GENERATOR, specs, config, target, **compile_kwargs)

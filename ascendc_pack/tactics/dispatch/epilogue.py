@@ -14,33 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ascendc_pack.ir.epilogue import BINARY as EPILOGUE_BINARY
+from ascendc_pack.ir.epilogue import EPILOGUE, eager
 from ascendc_pack.tactics.dispatch.spec import Call, Ref
 
-# our name -> (oneDNN attr, oneDNN algorithm, ATen op, ATen kwargs)
 UNARY: dict[str, tuple[str, str | None, str, tuple]] = {
-    "relu": ("relu", None, "aten::relu", ()),
-    "gelu": ("gelu", "none", "aten::gelu", (("approximate", "none"),)),
-    "gelu_tanh": ("gelu", "tanh", "aten::gelu", (("approximate", "tanh"),)),
-    "silu": ("swish", None, "aten::silu", ()),
-    "sigmoid": ("sigmoid", None, "aten::sigmoid", ()),
-    "tanh": ("tanh", None, "aten::tanh", ()),
-    "hardswish": ("hardswish", None, "aten::hardswish", ()),
-    "hardsigmoid": ("hardsigmoid", None, "aten::hardsigmoid", ()),
-}
-# binary(y, other): "sub" is y - other
-BINARY: dict[str, str] = {"add": "aten::add", "sub": "aten::sub", "mul": "aten::mul"}
-
-_EAGER_UNARY = {
-    "relu": torch.relu,
-    "gelu": lambda t: torch.nn.functional.gelu(t),
-    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
-    "silu": torch.nn.functional.silu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "hardswish": torch.nn.functional.hardswish,
-    "hardsigmoid": torch.nn.functional.hardsigmoid,
-}
-_EAGER_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
+    n: (*op.onednn, op.aten, op.aten_kwargs) for n, op in EPILOGUE.items() if not op.binary and op.onednn}
+"""our name -> (oneDNN attr, oneDNN algorithm, ATen op, ATen kwargs): the unary ops oneDNN fuses
+(:data:`ascendc_pack.ir.epilogue.EPILOGUE`)."""
+BINARY: dict[str, str] = {n: EPILOGUE[n].aten for n in EPILOGUE_BINARY}
+"""binary(y, other) -> its ATen op; "sub" is y - other."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +135,7 @@ def apply_eager(epi: Epilogue, y: torch.Tensor, *, other=None, scale=None, shift
         shape[channels_dim] = -1
         y = y * scale.view(shape) + shift.view(shape)
     if epi.binary:
-        y = _EAGER_BINARY[epi.binary](y, other)
+        y = eager(epi.binary, y, other)
     if epi.unary:
-        y = _EAGER_UNARY[epi.unary](y)
+        y = eager(epi.unary, y)
     return y
