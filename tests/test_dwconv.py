@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.kernels.conv.depthwise import (EPILOGUE_OPS, MAX_CANDIDATES, PARALLEL_MIN_US, DwConvSpec, DwConvSpecError,
+from ascendc_pack.kernels.family import PARALLEL_MIN_US
+from ascendc_pack.kernels.conv.depthwise import (EPILOGUE_OPS, MAX_CANDIDATES, DwConvSpec, DwConvSpecError,
                                  channel_parts, compile_dwconvs, fold_affine, interior, pack_weight, propose)
 from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel, eager_reference, random_operands
 from ascendc_pack.kernels.gemm.generator import GemmTarget
