@@ -37,7 +37,7 @@ COMPILE_ONE_GEMM = textwrap.dedent("""
 def _compile(src: Path, cache: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     run = subprocess.run([sys.executable, "-c", COMPILE_ONE_GEMM, str(cache)], capture_output=True, text=True,
-                         env=env, timeout=300)
+                         env=env, cwd=src, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["package"].startswith(str(src)), out["package"]   # the copy ran, not the checkout
