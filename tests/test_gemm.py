@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.kernels.gemm.generator import EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, GemmTarget, compile_gemms, propose
+from ascendc_pack.kernels.gemm.generator import EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, compile_gemms, propose
+from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.kernels.gemm.launch import GemmKernel, eager_reference, random_operands
 from tests.kernel_check import tolerance
 
@@ -166,7 +167,7 @@ def test_builds_for_a_portable_isa(tmp_path):
 
 
 def test_candidates_are_ranked_distinct_and_keyed_like_torch_npu():
-    target = GemmTarget(cores=2, lanes=16, registers=32, l1d=48 << 10, l2=1 << 20)
+    target = CpuTarget(cores=2, lanes=16, registers=32, l1d=48 << 10, l2=1 << 20)
     cands = propose(GemmSpec.linear("x", 128, 256, 256), target, 10)
     assert len(cands) == 10
     assert [c.est_us for c in cands] == sorted(c.est_us for c in cands)
@@ -183,7 +184,7 @@ def test_candidates_are_ranked_distinct_and_keyed_like_torch_npu():
 
 
 def test_cost_model_keeps_small_gemms_on_one_thread_and_splits_big_ones():
-    target = GemmTarget(cores=4, lanes=8, registers=16)
+    target = CpuTarget(cores=4, lanes=8, registers=16)
     small = propose(GemmSpec.linear("s", 4, 32, 32), target, 10)[0]
     assert small.tiling.bd == 1 and small.tiling.pack == "load"
     big = propose(GemmSpec.linear("b", 512, 1024, 1024), target, 10)[0]
@@ -197,9 +198,9 @@ def test_cost_model_keeps_small_gemms_on_one_thread_and_splits_big_ones():
 
 
 def test_target_detects_vector_width_and_caches():
-    t = GemmTarget.detect(2, "x86-64-v2", caches={"L1d": 32768, "L2": 1 << 19})
+    t = CpuTarget.detect(2, "x86-64-v2", caches={"L1d": 32768, "L2": 1 << 19})
     assert (t.lanes, t.registers, t.l1d, t.l2, t.cores) == (4, 16, 32768, 1 << 19, 2)
-    assert GemmTarget.detect(3, "x86-64-v3", caches={}).lanes == 8
+    assert CpuTarget.detect(3, "x86-64-v3", caches={}).lanes == 8
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -91,3 +91,44 @@ def test_a_tiling_round_trips_its_repr_and_names_a_bad_one():
         _Toy.parse("bd=2;mr=x;pack=load")
     with pytest.raises(ValueError, match="not a toy tiling"):
         _Toy.parse("bd=2")
+
+
+# --- the host profile (ascendc_pack/kernels/target.py) ----------------------------------------
+
+from ascendc_pack.kernels import target as target_mod  # noqa: E402
+from ascendc_pack.kernels.target import FALLBACK, CpuTarget, HostProfile, host_profile  # noqa: E402
+
+
+def test_the_host_profile_is_measured_for_real():
+    profile, _quiet = target_mod.measure("native", 8, 1 << 20)
+    assert profile.source.startswith("measured") and profile.ghz > 0 and profile.mem_gbps > 0 \
+        and profile.l2_gbps > 0
+
+
+def test_the_host_profile_is_kept_per_host_and_a_busy_measurement_is_not(tmp_path, monkeypatch, caplog):
+    calls = []
+    quiet = {"now": True}
+
+    def fake_measure(march, lanes, l2):   # the counting stands in for the 0.3 s measurement
+        calls.append(march)
+        return HostProfile(2.5, 15.0, 70.0, "measured test"), quiet["now"]
+
+    monkeypatch.setattr(target_mod, "measure", fake_measure)
+    monkeypatch.setattr(target_mod, "_MEMO", {})
+    first = host_profile("native", 8, 1 << 20, tmp_path)
+    (kept,) = (tmp_path / "ascendc" / "host_profile").iterdir()
+    monkeypatch.setattr(target_mod, "_MEMO", {})
+    assert host_profile("native", 8, 1 << 20, tmp_path) == first == HostProfile(2.5, 15.0, 70.0, "measured test")
+    assert len(calls) == 1                                     # read back, not measured again
+    assert host_profile("x86-64-v2", 4, 1 << 20, tmp_path) == first and len(calls) == 2   # another target: its own
+    kept.write_text("{broken")
+    monkeypatch.setattr(target_mod, "_MEMO", {})
+    host_profile("native", 8, 1 << 20, tmp_path)
+    assert len(calls) == 3 and "unusable" in caplog.text       # a corrupt entry is measured again
+    quiet["now"] = False
+    other = tmp_path / "busy"
+    monkeypatch.setattr(target_mod, "_MEMO", {})
+    assert host_profile("native", 8, 1 << 20, other) == FALLBACK   # busy: the fallback, and nothing kept
+    assert not (other / "ascendc" / "host_profile").exists()
+    t = CpuTarget.detect(2, "native", caches={"L2": 1 << 20}, cache_dir=tmp_path)
+    assert t.ghz == t.profile.ghz and t.mem_gbps == t.profile.mem_gbps

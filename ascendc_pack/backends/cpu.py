@@ -26,6 +26,7 @@ from ascendc_pack.config import BuildConfig
 from ascendc_pack.kernels.fused.build import FusedKernel
 from ascendc_pack.kernels.fused.tiling import Target, Tiling
 from ascendc_pack.kernels.fused.tiling import propose as propose_tilings
+from ascendc_pack.kernels.target import CpuTarget
 
 
 class CpuBackend:
@@ -35,7 +36,9 @@ class CpuBackend:
     timing = "wall-clock"
 
     def target(self, config: BuildConfig) -> Target:
-        return Target(cores=config.effective_cores)
+        profile = CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir).profile
+        return Target(cores=config.effective_cores, mem_gbps_per_core=profile.mem_gbps,
+                      cache_gbps_per_core=profile.l2_gbps)
 
     def unsupported(self, spec) -> str | None:
         return None  # the cpu generator expresses every fused kernel

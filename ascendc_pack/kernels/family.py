@@ -33,6 +33,7 @@ from ascendc_pack.config import BuildConfig
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import PAYOFF_MARGIN
+from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.toolchain.compiler import (CandidateSource, CompiledKernel, KernelBuild, artifact_hash,
                                              compile_kernels, isa_features)
 
@@ -122,9 +123,7 @@ class Generator:
 def plan(gen: Generator, spec, config: BuildConfig, target=None, tilings: list | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order: e.g. one fixed tiling per step) and render their sources."""
-    from ascendc_pack.kernels.gemm.generator import GemmTarget
-
-    target = target or GemmTarget.detect(config.effective_cores, config.march)
+    target = target or CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
     isa = ",".join(isa_features(config.march))
     ahash = artifact_hash(spec.spec_text(), gen.version, config.cores, config.march)
     if tilings is not None:

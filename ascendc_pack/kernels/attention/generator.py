@@ -39,7 +39,7 @@ from ascendc_pack.kernels import family
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels.target import CpuTarget
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/attention.cpp.j2"
@@ -237,7 +237,7 @@ def _rows_cycles(n: int, mr: int, per_block) -> float:
     return (n // mr) * per_block(mr) + (per_block(1) * (n % mr))
 
 
-def estimate_us(spec: AttnSpec, t: AttnTiling, target: GemmTarget) -> float:
+def estimate_us(spec: AttnSpec, t: AttnTiling, target: CpuTarget) -> float:
     """Rank-only estimate of one call (µs): the busiest thread's tasks (score blocks over the
     padded Kᵀ panels, softmax rows, P·V blocks, row tails at one row per block), the packing
     job, and the two jobs' wake-ups when threaded."""
@@ -275,7 +275,7 @@ QK_BLOCKS = ((8, 2), (6, 2), (4, 4), (4, 2), (2, 4))
 PV_BLOCKS = ((6, 4), (4, 4), (3, 4), (8, 2), (4, 2))
 
 
-def _space(spec: AttnSpec, target: GemmTarget) -> list[AttnTiling]:
+def _space(spec: AttnSpec, target: CpuTarget) -> list[AttnTiling]:
     regs, vec = target.registers, target.lanes
     bds = sorted({1, target.cores})
     out = []
@@ -308,7 +308,7 @@ def _varied(cands: list[KernelCandidate]) -> list[KernelCandidate]:
     return list(ranked.values())
 
 
-def propose(spec: AttnSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
+def propose(spec: AttnSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best estimate first, never more threads than
     ``target.cores``: the varied best of the best thread count (:func:`_varied`), and the best
     of the other thread count last (PGO confirms or refutes the threading)."""
@@ -342,7 +342,7 @@ def render(spec: AttnSpec, cand: KernelCandidate, isa: str) -> str:
 GENERATOR = Generator("attention", __name__, TEMPLATE_NAME, propose, render, AttnTiling)
 
 
-def plan(spec: AttnSpec, config: BuildConfig, target: GemmTarget | None = None) -> FamilyBuild:
+def plan(spec: AttnSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
     return family.plan(GENERATOR, spec, config, target)
 

@@ -35,7 +35,7 @@ from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, Pair, fold_affine, in
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels.target import CpuTarget
 
 MAX_CANDIDATES = 10
 TEMPLATE_NAME = "kernel/dwconv.cpp.j2"
@@ -224,8 +224,6 @@ LOAD_PORTS = 2.0
 FMA_LATENCY = 2.0  # an accumulator's chain of taps, per tap (out-of-order blocks overlap)
 BLOCK_CYCLES = 30.0  # a register block's call, setup, loop exits and epilogue loads
 EDGE_FACTOR = 1.6  # edge blocks test every tap's column
-L2_BYTES_PER_CYCLE = 32.0
-MEM_GBPS = 25.0  # per thread, tensors that do not stay in L2
 OVERLAP = 0.25  # of the other terms, beside the limiting one
 
 
@@ -243,7 +241,7 @@ def _block_cycles(p: int, nv: int, col_taps: float, kw: int, edge: bool) -> floa
     return cyc * (EDGE_FACTOR if edge else 1.0)
 
 
-def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
+def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: CpuTarget) -> float:
     """Rank-only estimate of one call (microseconds): the busiest thread's register blocks (tails,
     edges and padded rows included), its input rows moving from L2 to L1, and the tensors moving
     from memory, the largest plus :data:`OVERLAP` of the others; plus the wake-up and closing
@@ -278,7 +276,7 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
     reuse = (t.rb > 1 and kh_ext * spec.w * t.cb * 4 <= target.l1d * 0.5) or \
         kh_ext * spec.w * spec.c * 4 <= target.l1d * 0.5
     rows_read = min(spec.stride[0], kh_ext) if reuse else spec.kh
-    l2 = rows * rows_read * spec.w * spec.c * 4 / L2_BYTES_PER_CYCLE / (target.ghz * 1e3)
+    l2 = rows * rows_read * spec.w * spec.c * 4 / (target.l2_gbps * 1e3)
     # the tensors from memory: once, unless a task's rows do not stay in L2 across its channel
     # blocks; then every block streams its slice, and a slice narrower than a cache line
     # (64 B) fetches each line once per block sharing it
@@ -293,7 +291,7 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
     nbytes = 4 * spec.c * spec.n * (spec.h * spec.w * passes(x_rows * spec.w * spec.c * 4)
                                     + spec.oh * spec.ow * (int(spec.residual) + y_passes))
     whole = 4 * spec.c * spec.n * (spec.h * spec.w + spec.oh * spec.ow)
-    gbps = MEM_GBPS * (3.0 if whole <= target.l2 * 0.5 * t.bd else 1.0)
+    gbps = target.l2_gbps if whole <= target.l2 * 0.5 * t.bd else target.mem_gbps
     mem = nbytes / (gbps * 1e3 * min(t.bd, tasks) ** 0.8)
     terms = (compute, l2, mem)
     us = max(terms) + OVERLAP * (sum(terms) - max(terms))
@@ -302,7 +300,7 @@ def estimate_us(spec: DwConvSpec, t: DwConvTiling, target: GemmTarget) -> float:
     return us
 
 
-def _space(spec: DwConvSpec, target: GemmTarget) -> list[DwConvTiling]:
+def _space(spec: DwConvSpec, target: CpuTarget) -> list[DwConvTiling]:
     vec, cores = target.lanes, target.cores
     bds = sorted({1, cores} | ({cores // 2} if cores >= 4 else set()))
     cvec = -(-spec.c // vec)
@@ -345,7 +343,7 @@ def _varied(cands: list[KernelCandidate]) -> list[KernelCandidate]:
     return list(ranked.values())
 
 
-def propose(spec: DwConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
+def propose(spec: DwConvSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, never more
     threads than ``target.cores``. Multi-thread candidates appear only where the best
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
@@ -388,12 +386,12 @@ def render(spec: DwConvSpec, cand: KernelCandidate, isa: str) -> str:
 GENERATOR = Generator("dwconv", __name__, TEMPLATE_NAME, propose, render, DwConvTiling)
 
 
-def plan(spec: DwConvSpec, config: BuildConfig, target: GemmTarget | None = None) -> FamilyBuild:
+def plan(spec: DwConvSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
     return family.plan(GENERATOR, spec, config, target)
 
 
-def compile_dwconvs(specs: list[DwConvSpec], config: BuildConfig, target: GemmTarget | None = None,
+def compile_dwconvs(specs: list[DwConvSpec], config: BuildConfig, target: CpuTarget | None = None,
                     **compile_kwargs) -> list[FamilyBuild]:
     """Plan every spec and compile all their candidates in one ``compile_kernels`` call."""
     return family.compile_all(GENERATOR, specs, config, target, **compile_kwargs)

@@ -36,7 +36,7 @@ from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, UNARY_OPS, Pair, fold
 from ascendc_pack.kernels.family import PARALLEL_MIN_US, FamilyBuild, Generator, KernelCandidate, Tiling  # noqa: F401
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels.target import CpuTarget
 
 MAX_CANDIDATES = 10
 # memory layouts x and the residual may have: "nhwc" (a channels_last [N, C, H, W] tensor) or
@@ -220,7 +220,7 @@ class ConvTiling(Tiling):
     kind = "direct-convolution"
     error = ConvSpecError
 
-def check_tiling(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> None:
+def check_tiling(spec: ConvSpec, t: ConvTiling, target: CpuTarget) -> None:
     """Raise :class:`ConvSpecError` unless ``t`` is a tiling the template can build for
     ``spec`` on ``target`` (vector width, register file, thread limit)."""
     problems = []
@@ -279,13 +279,11 @@ _EFF = {1: {1: 0.27, 2: 0.47, 3: 0.6, 4: 0.65, 5: 0.68, 6: 0.65, 7: 0.65, 8: 0.7
 # Machine constants of the estimate (cycles unless named). Rank only: fitted to the measured
 # single-thread times of resnet18's convolutions on the build host, see docs/DIRECTCONV.md
 FMA_PORTS = 2.0
-GHZ = 2.8  # FMA peak / 32 flops per cycle on the build host (GemmTarget does not detect it)
 IN_SITU = 0.88  # the tile in the kernel (input rows and y streaming by) vs alone
 TILE_CYCLES = 60.0  # a register tile's call, row setup and store
 EDGE_COPY_CYCLES = 1.5  # per vector of an edge tile's copied patch
 L2_MISFIT = 1.15  # a channel block's weights (kh x kw x kc x ocb) do not stay in L2
 L1_CONFLICT = 1.6  # an input block's taps map to more L1 lines per set than it has ways
-DIRECT_MEM_GBPS = 20.0  # per thread, what does not stay in L2 (dwconv.py has its own MEM_GBPS)
 
 
 def tile_cycles(p: int, nv: int) -> float:
@@ -316,7 +314,7 @@ def _row_taps(spec: ConvSpec) -> list[int]:
     return [sum(0 <= o * s - p + i * d < size for i in range(k)) for o in range(spec.oh)]
 
 
-def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
+def estimate_us(spec: ConvSpec, t: ConvTiling, target: CpuTarget) -> float:
     """Rank-only estimate of one call (microseconds): the busiest thread's register tiles (pixel,
     channel and input-channel tails, padded kernel rows skipped, edge tiles' copies, weights
     missing L2 or conflicting in L1, the epilogue), or, when larger, moving the tensors (input
@@ -349,7 +347,7 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
     obs = full_ob + int(bool(tail_o))
     tasks = s.n * ohb * obs
     busiest = -(-tasks // t.bd) * cyc_image / (ohb * obs)  # tasks are about equal
-    compute = busiest / (GHZ * 1e3)
+    compute = busiest / (target.ghz * 1e3)
     # traffic: x once per channel block (from L2 when a task's input rows fit half of it), the
     # weights once per row block (from L2 when a block's fit), y once per input block
     x_bytes = s.n * s.h * s.w * s.c_in * 4
@@ -358,14 +356,14 @@ def estimate_us(spec: ConvSpec, t: ConvTiling, target: GemmTarget) -> float:
     rows_in = min(s.h, (t.rb - 1) * s.stride[0] + (s.kh - 1) * s.dilation[0] + 1)
     x_mem = x_bytes * (1 if rows_in * s.w * s.c_in * 4 <= target.l2 * 0.5 else obs)
     w_mem = w_bytes * (1 if w_bytes <= target.l2 * 0.5 else s.n * ohb)
-    mem = (x_mem + w_mem + y_bytes) / (DIRECT_MEM_GBPS * 1e3 * min(t.bd, tasks))
+    mem = (x_mem + w_mem + y_bytes) / (target.mem_gbps * 1e3 * min(t.bd, tasks))
     us = max(compute, mem) + 0.2 * min(compute, mem)
     if t.bd > 1:
         us += Target.parallel_overhead_us + Target.barrier_us
     return us
 
 
-def _register_tiles(target: GemmTarget, spec: ConvSpec) -> list[tuple[int, int]]:
+def _register_tiles(target: CpuTarget, spec: ConvSpec) -> list[tuple[int, int]]:
     """(pixels, vectors) tiles whose accumulators, weight vectors and a broadcast fit the
     registers (the GEMM's rule), pixels as the rows really get them (:func:`row_tiles`), no
     vectors past the output channels."""
@@ -382,7 +380,7 @@ def _register_tiles(target: GemmTarget, spec: ConvSpec) -> list[tuple[int, int]]
     return out
 
 
-def _space(spec: ConvSpec, target: GemmTarget) -> list[ConvTiling]:
+def _space(spec: ConvSpec, target: CpuTarget) -> list[ConvTiling]:
     vec, cores = target.lanes, target.cores
     bds = sorted({1, cores} | ({cores // 2} if cores >= 4 else set()))
     out = []
@@ -414,7 +412,7 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[ConvTiling]:
     return out
 
 
-def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
+def propose(spec: ConvSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, deterministic,
     never more threads than ``target.cores``. Multi-thread candidates appear only where the best
     single-thread estimate is at least :data:`PARALLEL_MIN_US` and they are within
@@ -469,14 +467,14 @@ GENERATOR = Generator("directconv", __name__, TEMPLATE_NAME, propose, render, Co
                       estimate_us, check_tiling)
 
 
-def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
+def plan(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None,
          tilings: list[ConvTiling] | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order: e.g. one fixed tiling per step) and render their sources."""
     return family.plan(GENERATOR, spec, config, target, tilings)
 
 
-def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: GemmTarget | None = None,
+def compile_convs(specs: list[ConvSpec], config: BuildConfig, target: CpuTarget | None = None,
                   **compile_kwargs) -> list[FamilyBuild]:
     """Plan every spec and compile all their candidates in one ``compile_kernels`` call."""
     return family.compile_all(GENERATOR, specs, config, target, **compile_kwargs)

@@ -29,11 +29,11 @@ import torch
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.ir.epilogue import EPILOGUE
 from ascendc_pack.kernels import family
-from ascendc_pack.kernels.conv.direct import GHZ, TILE_CYCLES, ConvSpec, ConvSpecError, epilogue_lines, tile_cycles
+from ascendc_pack.kernels.conv.direct import TILE_CYCLES, ConvSpec, ConvSpecError, epilogue_lines, tile_cycles
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels.target import CpuTarget
 
 MAX_CANDIDATES = 6
 TEMPLATE_NAME = "kernel/winograd.cpp.j2"
@@ -48,9 +48,6 @@ _G = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0
 IN_TILE_CYCLES = 40.0
 OUT_TILE_CYCLES = 24.0
 OUT_CALL_CYCLES = 60.0  # an output transform's call and pixel loops, per tile and channel block
-MEM_GBPS = 20.0  # per thread, what does not stay in L2
-MEM_BYTES_PER_CYCLE = 8.0  # a band buffer written to memory and read back (bigger than L2)
-L2_BYTES_PER_CYCLE = 32.0
 
 
 def check_spec(spec: ConvSpec) -> None:
@@ -132,7 +129,7 @@ def workspace_bytes(spec: ConvSpec, t: WinoTiling) -> int:
     return ((v + m) * t.bd if t.local else v + t.bd * m) * 4 + 64
 
 
-def check_tiling(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> None:
+def check_tiling(spec: ConvSpec, t: WinoTiling, target: CpuTarget) -> None:
     """Raise :class:`ConvSpecError` unless the template can build ``t`` for ``spec``."""
     check_spec(spec)
     problems = []
@@ -155,7 +152,7 @@ def check_tiling(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> None:
                             + "; ".join(problems))
 
 
-def estimate_us(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> float:
+def estimate_us(spec: ConvSpec, t: WinoTiling, target: CpuTarget) -> float:
     """Rank-only estimate of one call (microseconds): the busiest thread's products (register
     tiles over the input channels, per position and channel block), transforms, epilogue and
     band-buffer reads (from L2 per channel block; to memory and back when the buffer misses L2),
@@ -179,11 +176,11 @@ def estimate_us(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> float:
         v_bytes = 16 * n_tiles * s.c_in * 4
         cyc += n_tiles * cvec * IN_TILE_CYCLES
         if v_bytes_band > target.l2 * 0.5:  # the band buffer goes to memory and back
-            cyc += 2 * v_bytes / MEM_BYTES_PER_CYCLE
+            cyc += 2 * v_bytes / (target.mem_gbps / target.ghz)
         for nv, count in oblocks:
             cyc += count * 16 * reg_tiles * (tile_cycles(t.tb, nv) * s.c_in + TILE_CYCLES)
             cyc += count * n_tiles * (OUT_CALL_CYCLES + nv * OUT_TILE_CYCLES + 4 * nv * epi)
-            cyc += count * v_bytes / L2_BYTES_PER_CYCLE  # each channel block reads the band buffer
+            cyc += count * v_bytes / (target.l2_gbps / target.ghz)  # each channel block reads the band buffer
         tasks_total += groups * obs
         # the transformed weights: once per band, or once per task group when they miss L2
         mem += u_bytes * (1 if u_bytes <= target.l2 * 0.5 else groups)
@@ -192,8 +189,8 @@ def estimate_us(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> float:
     # shared: each band's tasks split over the threads; local: whole bands do
     tasks = s.n * len(bands) if t.local else max(1, tasks_total // len(bands))
     par = min(t.bd, tasks)
-    compute = cyc / par * (-(-tasks // par) * par / tasks) / (GHZ * 1e3)
-    mem_us = mem / (MEM_GBPS * 1e3 * par)
+    compute = cyc / par * (-(-tasks // par) * par / tasks) / (target.ghz * 1e3)
+    mem_us = mem / (target.mem_gbps * 1e3 * par)
     us = max(compute, mem_us) + 0.2 * min(compute, mem_us)
     if t.bd > 1:
         us += Target.parallel_overhead_us + (Target.barrier_us if t.local else 2 * len(bands) * s.n * Target.barrier_us)
@@ -203,7 +200,7 @@ def estimate_us(spec: ConvSpec, t: WinoTiling, target: GemmTarget) -> float:
 _REGISTER_TILES = ((6, 2), (4, 3), (2, 4), (12, 1), (4, 2))
 
 
-def _space(spec: ConvSpec, target: GemmTarget) -> list[WinoTiling]:
+def _space(spec: ConvSpec, target: CpuTarget) -> list[WinoTiling]:
     vec, cores = target.lanes, target.cores
     th, tw = tiles(spec)
     cvec = -(-spec.c_out // vec)
@@ -225,7 +222,7 @@ def _space(spec: ConvSpec, target: GemmTarget) -> list[WinoTiling]:
     return out
 
 
-def propose(spec: ConvSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
+def propose(spec: ConvSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 6)`` distinct candidates (multi-thread ones where they pay:
     :func:`~ascendc_pack.kernels.family.scored`), the best first, then for variety the best of
     another output-channel block and of the other band mode, then the rest by estimate."""
@@ -262,7 +259,7 @@ GENERATOR = Generator("winograd", __name__, TEMPLATE_NAME, propose, render, Wino
                       estimate_us, check_tiling)
 
 
-def plan(spec: ConvSpec, config: BuildConfig, target: GemmTarget | None = None,
+def plan(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None,
          tilings: list[WinoTiling] | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` (or take ``tilings`` as given, in that
     order) and render their sources."""

@@ -48,8 +48,8 @@ class Target:
 
     cores: int
     l2_bytes: int = 1 << 20
-    mem_gbps_per_core: float = 12.0
-    cache_gbps_per_core: float = 60.0
+    mem_gbps_per_core: float = 12.0    # the build's: kernels.target.HostProfile.mem_gbps
+    cache_gbps_per_core: float = 60.0  # the build's: HostProfile.l2_gbps
     task_overhead_us: float = 0.05
     parallel_overhead_us: float = 8.0
     barrier_us: float = 3.0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
 from ascendc_pack.kernels import family
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
+from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.toolchain.compiler import isa_features
 
 log = logging.getLogger("ascendc_pack")
@@ -186,63 +186,6 @@ class GemmSpec:
         return json.dumps(self.to_json(), sort_keys=True)
 
 
-# ----------------------------------------------------------------------------- target
-
-
-def host_caches() -> dict[str, int]:
-    """Per-core {"L1d", "L2", "L3"} bytes: sysfs (cpu0), else ``lscpu -B -C``, else empty."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    out = {}
-    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            level, kind, size = ((d / f).read_text().strip() for f in ("level", "type", "size"))
-            if kind in ("Data", "Unified"):
-                scale = units.get(size[-1], 1)
-                out["L1d" if level == "1" else f"L{level}"] = int(size[:-1] if scale > 1 else size) * scale
-        except (OSError, ValueError, KeyError):
-            continue
-    if out:
-        return out
-    try:
-        text = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE"], capture_output=True, text=True,
-                              timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    rows = (line.split() for line in text.splitlines()[1:])
-    return {r[0]: int(r[1]) for r in rows if len(r) == 2 and r[0] in ("L1d", "L2", "L3") and r[1].isdigit()}
-
-
-@dataclass(frozen=True)
-class GemmTarget:
-    """What the GEMM cost model knows about the machine: cores, per-core caches, the float
-    vector width of the compile target and its vector register count."""
-
-    cores: int
-    lanes: int = 8
-    registers: int = 16
-    l1d: int = 32 << 10
-    l2: int = 1 << 20
-    l3: int = 8 << 20
-    ghz: float = 3.0
-
-    @staticmethod
-    def detect(cores: int, march: str = "native", caches: dict[str, int] | None = None) -> GemmTarget:
-        """The host's caches (sysfs, else ``lscpu``, else defaults) and the vector width
-        ``-march=<march>`` gives g++ (AVX-512: 16 floats and 32 registers, AVX: 8 and 16,
-        NEON/SVE: 4 and 32, otherwise SSE: 4 and 16)."""
-        caches = host_caches() if caches is None else caches
-        feats = set(isa_features(march))
-        if "avx512f" in feats:
-            lanes, regs = 16, 32
-        elif "avx" in feats:
-            lanes, regs = 8, 16
-        else:
-            lanes, regs = 4, 32 if "asimd" in feats else 16
-        d = GemmTarget(cores=max(1, cores))
-        return GemmTarget(cores=max(1, cores), lanes=lanes, registers=regs, l1d=caches.get("L1d", d.l1d),
-                          l2=caches.get("L2", d.l2), l3=caches.get("L3", d.l3))
-
-
 # ----------------------------------------------------------------------------- tiling + cost
 
 
@@ -302,7 +245,7 @@ def _ukernel_cycles(r: int, w: int) -> float:
     return r * w / 2.0 / eff
 
 
-def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
+def estimate_us(spec: GemmSpec, t: GemmTiling, target: CpuTarget) -> float:
     """Rank-only estimate of one call in microseconds (PGO measures; this orders candidates):
     the busiest thread's micro-kernel cycles (tails, cache misfits, epilogue) or, when larger,
     the time to stream the operands from the cache level they live in; plus packing per call
@@ -344,7 +287,7 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     elem = 4 if spec.dtype == "float32" else 2
     c_bytes = spec.batch * m * n * elem * (1 + spec.n_residuals)
     traffic = b_bytes * mb + spec.batch * m * k * elem * nb + c_bytes
-    gbps = 80.0 if b_bytes <= target.l2 * 0.5 * nt else 30.0
+    gbps = target.l2_gbps if b_bytes <= target.l2 * 0.5 * nt else target.mem_gbps
     us = max(us, traffic / (gbps * 1e3 * min(nt, len(tasks))))
     if t.pack == "call":  # one more pass over B (transposing is slower), shared by the threads
         per_elem = 1.5 if spec.b_transposed else 0.6
@@ -354,7 +297,7 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: GemmTarget) -> float:
     return us
 
 
-def _register_blocks(target: GemmTarget) -> list[tuple[int, int]]:
+def _register_blocks(target: CpuTarget) -> list[tuple[int, int]]:
     """(MR, vectors per row) pairs whose accumulators, B vectors and a broadcast fit the registers."""
     blocks = []
     for r in (1, 2, 3, 4, 6, 8, 12, 14):
@@ -365,7 +308,7 @@ def _register_blocks(target: GemmTarget) -> list[tuple[int, int]]:
     return blocks
 
 
-def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
+def _space(spec: GemmSpec, target: CpuTarget, cores: int) -> list[GemmTiling]:
     m, n, k, vec = spec.m, spec.n, spec.k, target.lanes
     packs = ["call"] + (["load"] if spec.b_constant else [])
     if spec.dtype == "float32" and not spec.b_transposed:
@@ -394,7 +337,7 @@ def _space(spec: GemmSpec, target: GemmTarget, cores: int) -> list[GemmTiling]:
     return out
 
 
-def propose(spec: GemmSpec, target: GemmTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
+def propose(spec: GemmSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first. The list keeps
     variety for PGO: the best of every (pack, threads) kind and of every register block come
     before the runners-up."""
@@ -450,13 +393,13 @@ def render(spec: GemmSpec, cand: KernelCandidate, isa: str) -> str:
 GENERATOR = Generator("gemm", __name__, TEMPLATE_NAME, propose, render, GemmTiling, keep_proposal=True)
 
 
-def plan(spec: GemmSpec, config: BuildConfig, target: GemmTarget | None = None) -> FamilyBuild:
+def plan(spec: GemmSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
     """Propose ``config.topn`` candidates of ``spec`` and render their sources. The proposal is
     kept in the GEMM's cache directory (a warm rebuild skips the cost model)."""
     return family.plan(GENERATOR, spec, config, target)
 
 
-def compile_gemms(specs: list[GemmSpec], config: BuildConfig, target: GemmTarget | None = None,
+def compile_gemms(specs: list[GemmSpec], config: BuildConfig, target: CpuTarget | None = None,
                   **compile_kwargs) -> list[FamilyBuild]:
     """Plan every spec and compile all their candidates in one ``compile_kernels`` call."""
     return family.compile_all(GENERATOR, specs, config, target, **compile_kwargs)

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Mapping
 from ascendc_pack.cache import stable_hash
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.program import TacticStep
-from ascendc_pack.kernels.gemm.generator import GemmTarget
+from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.toolchain.compiler import compile_kernels
 
@@ -168,7 +168,7 @@ def plan_kernel_tactics(steps: list[TacticStep], values_of: dict, config) -> dic
             spec = fam.spec_of(s, values_of[s.name]) if s.tactic_kind in fam.kinds else None
             if spec is None:
                 continue
-            target = target or GemmTarget.detect(config.effective_cores, config.march)
+            target = target or CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
             cap = fam.tilings_for(s)
             cfg = config if cap is None else dataclasses.replace(config, topn=min(config.topn, cap))
             out.setdefault(s.name, []).append((fam.name, fam.plan(spec, cfg, target)))
