@@ -111,7 +111,7 @@ class BuildResult:
 
     def summary(self) -> str:
         from ascendc_pack.tactics.report import tactic_table
-        from ascendc_pack.autotune.python_mode import summary_table
+        from ascendc_pack.tune.python_mode import summary_table
 
         text = summary_table(self.choices, self.fallbacks)
         if self.tactics:
@@ -154,10 +154,10 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
     from ascendc_pack.passes.copy_elision import elide_copies
     from ascendc_pack.passes.fold import fold_constants
     from ascendc_pack.passes.fuse import fuse
-    from ascendc_pack.graph.aten import meta_layout_cache
+    from ascendc_pack.passes.meta_layouts import meta_layout_cache
     from ascendc_pack.kernels.fused.build import prepare_kernels, total_candidates
     from ascendc_pack.progress import Progress
-    from ascendc_pack.autotune.python_mode import inline_kernels
+    from ascendc_pack.tune.python_mode import inline_kernels
 
     backend = get_backend(config.backend)  # a backend this host cannot use fails here, before capture
     progress = progress or Progress(enabled=False)
@@ -236,12 +236,12 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
     ``protocol``: the PGO :class:`~ascendc_pack.autotune.protocol.Protocol` (default timings).
 
     Returns:
-        A :class:`ascendc_pack.autotune.python_mode.PythonModeModule`; call it like the model.
+        A :class:`ascendc_pack.tune.python_mode.PythonModeModule`; call it like the model.
     """
     from ascendc_pack.autotune.protocol import Protocol
     from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.config import BuildConfig
-    from ascendc_pack.autotune.python_mode import PythonModeModule
+    from ascendc_pack.tune.python_mode import PythonModeModule
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores,
                                  backend=backend)
@@ -286,7 +286,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     from ascendc_pack.config import BuildConfig
     from ascendc_pack.progress import Progress
     from ascendc_pack.graph.render import start_graph_runtime
-    from ascendc_pack.autotune.python_mode import PythonModeModule, inline_kernels
+    from ascendc_pack.tune.python_mode import PythonModeModule, inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
                                  backend=backend)
@@ -348,7 +348,7 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
     from ascendc_pack_runtime.errors import BundleError
 
     from ascendc_pack.backends.registry import get_backend
-    from ascendc_pack.autotune.call_threads import tune_call_threads
+    from ascendc_pack.tune.call_threads import tune_call_threads
 
     if config.topn <= 1 or config.effective_cores <= 1 or get_backend(config.backend).name != "cpu":
         return None

@@ -11,7 +11,8 @@ from ascendc_pack_runtime.errors import BackendUnavailableError
 from ascendc_pack_runtime.manifest import TorchBuild
 
 import ascendc_pack.backends.registry as backend_mod
-from ascendc_pack.backends.registry import BACKENDS, Backend, get_backend
+from ascendc_pack.backends.protocol import Backend
+from ascendc_pack.backends.registry import BACKENDS, get_backend
 from ascendc_pack.backends.cpu import CpuBackend
 from ascendc_pack.kernels.fused.codegen import render_kernel
 from ascendc_pack.toolchain.compiler import CompileCounts

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-import ascendc_pack.autotune.call_threads as ct
+import ascendc_pack.tune.call_threads as ct
 import ascendc_pack_runtime as rt
 from ascendc_pack.config import host_cores
 from ascendc_pack.pipeline import build

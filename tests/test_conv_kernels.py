@@ -240,7 +240,7 @@ def test_winograd_candidates_are_verified_and_run_in_the_graph(tmp_path, cache, 
                                   ((2, 8, 5, 5), (8, 2, 3, 3), 4)], ids=["dw", "3x3", "1x1", "se", "grouped"])
 def test_planned_convolution_layout_is_the_cpu_kernels(case, x_cl, w_cl):
     """ATen's meta convolution says NCHW; the planner predicts what the CPU kernels return."""
-    from ascendc_pack.graph.aten import meta_layouts
+    from ascendc_pack.passes.meta_layouts import meta_layouts
     from ascendc_pack.ir.program import AtenStep, Ref
 
     xs, ws, groups = case

@@ -19,7 +19,8 @@ from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.choice import CandidateResult, KernelChoice, MeasurementQuality
 from ascendc_pack.cli.main import main
 from ascendc_pack.errors import VerificationError
-from ascendc_pack.autotune.python_mode import format_us, summary_table
+from ascendc_pack.ir.choice import format_us
+from ascendc_pack.tune.python_mode import summary_table
 from ascendc_pack_runtime.accuracy import check_tensor
 
 from .conftest import EXAMPLES

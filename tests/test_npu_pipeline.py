@@ -19,7 +19,8 @@ import torch
 from click.testing import CliRunner
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.backends.registry import Backend, backend_key, get_backend
+from ascendc_pack.backends.protocol import Backend
+from ascendc_pack.backends.registry import backend_key, get_backend
 from ascendc_pack.cli.main import main
 from ascendc_pack.errors import ConfigError
 from ascendc_pack.pipeline import build, build_file

@@ -19,7 +19,7 @@ import ascendc_pack.kernels.fused.codegen as codegen
 from ascendc_pack.autotune.protocol import Protocol
 from ascendc_pack.frontend.loader import load_model_file
 from ascendc_pack.pipeline import compare_outputs
-from ascendc_pack.autotune.python_mode import inline_kernels
+from ascendc_pack.tune.python_mode import inline_kernels
 from ascendc_pack.autotune.verify import KernelSandbox, compare_output, tolerance
 
 from .bundle_fixtures import manifest_of, read_bundle

@@ -1,10 +1,11 @@
-"""The shape of the code (docs/DESIGN.md §1.2): no import cycle, the runtime never imports the
-compiler, no module over the size limit.
+"""The shape of the code (docs/DESIGN.md §1.2): no import cycle, the stages layered, the runtime
+never imports the compiler, no module over the size limit.
 
-Imports are read with ``ast`` from the source, at module level and inside functions alike (a
-function-level import only hides a cycle until the function runs). Not counted: imports under
-``if TYPE_CHECKING:`` (never executed) and the backend registry's ``"module:Class"`` strings
-(:data:`ascendc_pack.backends.registry.BACKENDS`, a plugin table resolved by name when a backend is
+Imports are read with ``ast`` from the source, at module level, inside functions and under ``if
+TYPE_CHECKING:`` alike (a function-level import only hides a cycle until the function runs; an
+annotation-only one is still a dependency a reader and a type checker follow). Not counted: the
+registries' ``"module:attr"`` strings (:data:`ascendc_pack.backends.registry.BACKENDS`,
+:data:`ascendc_pack.tactics.families.registry.SHIPPED`: plugin tables resolved by name when one is
 selected). Importing ``pkg.sub`` does not count as importing ``pkg/__init__.py``: every package
 ``__init__`` re-exports its submodules, so that edge would make every package one cycle.
 """
@@ -39,24 +40,10 @@ def modules_of(package: str) -> dict[str, Path]:
     return {module_name(p, package, root): p for p in sorted(root.rglob("*.py"))}
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            test = node.test
-            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
-            if name == "TYPE_CHECKING":
-                for child in node.body:
-                    skipped.update(id(n) for n in ast.walk(child))
-    return skipped
-
-
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """The modules of ``known`` that ``module`` imports anywhere in its source (see the docstring
     of this file for what is not counted)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    skipped = _type_checking_nodes(tree)
     is_package = path.name == "__init__.py"
     out: set[str] = set()
 
@@ -68,8 +55,6 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
             out.add(name)
 
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
@@ -148,19 +133,78 @@ def test_no_import_cycle(package):
 
 
 def test_the_cycle_finder_finds_function_level_cycles(tmp_path):
-    """The checker itself: a cycle hidden in a function-level import is found, a TYPE_CHECKING
-    import is not one, ``from . import sub`` is an import of ``sub``."""
+    """The checker itself: a cycle hidden in a function-level import or under TYPE_CHECKING is
+    found, ``from . import sub`` is an import of ``sub``."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("from . import a\n")
     (pkg / "a.py").write_text("from .b import f\n")
     (pkg / "b.py").write_text("def f():\n    from . import a\n    return a\n")
-    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import x\n")
     (pkg / "d.py").write_text("from .c import y\n")
     mods = {module_name(p, "pkg", pkg): p for p in pkg.rglob("*.py")}
     graph = {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
-    assert graph["pkg"] == {"pkg.a"} and graph["pkg.b"] == {"pkg.a"} and graph["pkg.c"] == set()
-    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+    assert graph["pkg"] == {"pkg.a"} and graph["pkg.b"] == {"pkg.a"} and graph["pkg.c"] == {"pkg.d"}
+    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.c", "pkg.d", "pkg.c"]]
+
+
+# ----------------------------------------------------------------------------- layers
+
+LAYERS = [
+    ("errors",), ("cache", "progress"), ("ir",), ("config",), ("toolchain",), ("frontend",), ("passes",),
+    ("kernels",), ("autotune",), ("backends",), ("tactics",), ("tune",), ("graph",), ("package",),
+    ("pipeline",), ("cli",), ("bench",),
+]
+"""The compiler's units (a package of ``ascendc_pack``, or a module at its top) bottom-up: a unit
+may import its own modules and those of units in lower layers only. docs/DESIGN.md §1.2 has the
+table with what each layer is."""
+LEAVES = {"ascendc_pack.backends.registry", "ascendc_pack.tactics.families.registry"}
+"""Name tables every layer may read (they import nothing of the compiler but ``errors``)."""
+ALLOWED = {("cli", "bench")}
+"""Upward edges with a reason: the CLI's ``bench`` subcommand imports the bench when it runs."""
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    rank = {u: i for i, units in enumerate(LAYERS) for u in units}
+    rank.update({"__init__": len(LAYERS), "__main__": len(LAYERS)})
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        src = _unit(mod)
+        for dep in sorted(deps):
+            dst = _unit(dep)
+            if dst == src or dep in LEAVES or (src, dst) in ALLOWED:
+                continue
+            if dst not in rank or src not in rank:
+                bad.append(f"{mod} -> {dep}: {dst if dst not in rank else src} is in no layer of LAYERS")
+            elif rank[dst] >= rank[src]:
+                bad.append(f"{mod} -> {dep}: {src} (layer {rank[src]}) imports {dst} (layer {rank[dst]})")
+    return bad
+
+
+def test_the_stages_are_layered():
+    """Each unit imports only lower layers (and the leaf registries): no stage reaches up into a
+    later one, and nothing but the CLI's bench command imports the bench."""
+    graph = import_graph("ascendc_pack")
+    bad = layer_violations(graph)
+    assert not bad, "imports against the layers (docs/DESIGN.md §1.2):\n" + "\n".join(bad)
+    for leaf in LEAVES:
+        assert graph[leaf] <= {"ascendc_pack.errors"}, f"{leaf} must stay a leaf: {graph[leaf]}"
+    assert not [m for m, deps in graph.items() if _unit(m) not in ("bench", "cli")
+                and any(_unit(d) == "bench" for d in deps)], "shipped code imports the bench"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"ascendc_pack.kernels.gemm.generator": {"ascendc_pack.tactics.tune", "ascendc_pack.ir.program"},
+             "ascendc_pack.tactics.tune": {"ascendc_pack.tactics.families.registry"},
+             "ascendc_pack.autotune.x": {"ascendc_pack.bench.stats"}}
+    bad = layer_violations(graph)
+    assert len(bad) == 2 and any("kernels (layer 7) imports tactics (layer 10)" in b for b in bad) \
+        and any("autotune (layer 8) imports bench" in b for b in bad)
 
 
 def test_the_runtime_never_imports_the_compiler():

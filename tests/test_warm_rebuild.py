@@ -17,7 +17,7 @@ from ascendc_pack.pipeline import build
 from ascendc_pack.ir.program import ModelProgram, Program, TensorSpec
 from ascendc_pack.graph.render import RENDER_CACHE_SUBDIR
 from ascendc_pack.tactics.tune import TacticTuner
-from ascendc_pack.autotune.python_mode import PythonModeModule
+from ascendc_pack.tune.python_mode import PythonModeModule
 from ascendc_pack_runtime.archive import read_head
 
 
@@ -140,7 +140,7 @@ class ConvMean(torch.nn.Module):
 
 
 def test_meta_layouts_are_kept_across_builds(tmp_path, monkeypatch, caplog):
-    import ascendc_pack.graph.aten as ga
+    import ascendc_pack.passes.meta_layouts as ga
 
     torch.manual_seed(0)
     model, x = ConvMean().eval(), (torch.randn(1, 3, 12, 12),)

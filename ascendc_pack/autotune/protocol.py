@@ -247,3 +247,18 @@ def kernel_measure(kernels: list, args: list[torch.Tensor]) -> Measure:
         return elapsed
 
     return measure
+def lead_in(fn: Callable[[], object], us: float, clock: Callable[[], int] = time.perf_counter_ns) -> int:
+    """Untimed calls of ``fn`` until ``us`` microseconds have passed (none for ``us <= 0``, else at
+    least one); returns how many. Brings a contender that sat idle back to its steady state
+    before a sample is timed (docs/DESIGN.md §8)."""
+    if us <= 0:
+        return 0
+    t0, n = clock(), 0
+    while True:
+        fn()
+        n += 1
+        if (clock() - t0) / 1e3 >= us:
+            return n
+
+
+

@@ -1,6 +1,6 @@
 """PGO verification: every candidate's outputs on the real arguments are checked before it is timed.
 
-Before a kernel's candidates are timed (:mod:`ascendc_pack.autotune.python_mode`), each one runs once on the
+Before a kernel's candidates are timed (:mod:`ascendc_pack.tune.python_mode`), each one runs once on the
 kernel's real arguments and its outputs are compared with the reference - the fused step's own
 ATen steps run by the reference executor - within the tolerances of the parity suite
 (:func:`tolerance`). A candidate that computes a wrong result, returns a non-zero status, writes

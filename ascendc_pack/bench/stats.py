@@ -28,6 +28,8 @@ UNSTABLE_REL_IQR = 0.10
 MIN_ROUNDS = 3
 
 
+from ascendc_pack.autotune.protocol import lead_in  # noqa: E402,F401 (PGO measures with it too)
+
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
     v = sorted(values)
@@ -104,20 +106,6 @@ def time_calls(fn: Callable[[], object], number: int, clock: Callable[[], int] =
         fn()
         out.append((clock() - t0) / 1e3)
     return out
-
-
-def lead_in(fn: Callable[[], object], us: float, clock: Callable[[], int] = time.perf_counter_ns) -> int:
-    """Untimed calls of ``fn`` until ``us`` microseconds have passed (none for ``us <= 0``, else at
-    least one); returns how many. Brings a contender that sat idle back to its steady state
-    before a sample is timed (docs/DESIGN.md §8)."""
-    if us <= 0:
-        return 0
-    t0, n = clock(), 0
-    while True:
-        fn()
-        n += 1
-        if (clock() - t0) / 1e3 >= us:
-            return n
 
 
 def calls_per_sample(est_us: float, sample_us: float, cap: int = 100_000) -> int:

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from ascendc_pack import __version__
+from ascendc_pack_runtime.constants import VERSION as __version__
 from ascendc_pack.cli.trust import register as register_trust_commands, sign_built_bundle
 from ascendc_pack.errors import PackError
 

@@ -27,6 +27,7 @@ from ascendc_pack.graph.ir import (Action, Arg, AtenAction, BoxedOp, Buf, BufRol
                        ValKind)
 from ascendc_pack.graph.memory import lifetimes, place
 from ascendc_pack.graph.tactic import LAUNCHES, plan_tactic
+from ascendc_pack.passes.meta_layouts import meta_layouts
 from ascendc_pack.ir.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
 from ascendc_pack.tactics.families import registry
 
@@ -274,7 +275,7 @@ class _Planner:
             self.use(v)
         label = f"{scope}{', '.join(o or '_' for o in step.outputs)} = {step.op}"
         list_return = ga.returns_list(schema)
-        metas = ga.meta_layouts(step, lambda n: (env[n].shape, env[n].stride, env[n].dtype))
+        metas = meta_layouts(step, lambda n: (env[n].shape, env[n].stride, env[n].dtype))
         uncertain = metas is None
         if uncertain:
             specs = [program.values.get(n) for n in step.outputs]

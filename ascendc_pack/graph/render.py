@@ -24,7 +24,8 @@ import torch
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides, is_dense
 
-from ascendc_pack.graph.aten import RenderError, meta_layout_cache
+from ascendc_pack.graph.aten import RenderError
+from ascendc_pack.passes.meta_layouts import meta_layout_cache
 from ascendc_pack.graph.compile import (GRAPH_CACHE_SUBDIR, GraphLibrary, compile_graph, graph_cache_key, graph_flags,
                             prepare_graph_runtime, start_graph_runtime)
 from ascendc_pack.graph.emit import GRAPH_ABI_VERSION, GraphSource, render_source

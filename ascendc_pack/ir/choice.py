@@ -159,3 +159,12 @@ class KernelFallback:
     def to_json(self) -> dict:
         return {"name": self.name, "reason": self.reason, "visited": self.visited,
                 "results": [r.to_json() for r in self.results]}
+def format_us(us: float) -> str:
+    """A duration given in microseconds, in the unit that keeps it short: 23.4 us, 97.76 ms, 1.20 s."""
+    if us < 1e3:
+        return f"{us:.1f} us"
+    if us < 1e6:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us / 1e6:.2f} s"
+
+

@@ -24,16 +24,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from ascendc_pack_runtime.host import host_cpu_model
+
 from ascendc_pack.cache import atomic_write_text, stable_hash
-from ascendc_pack.toolchain.compiler import isa_features
+from ascendc_pack.config import host_cores
+from ascendc_pack.toolchain.compiler import host_cpu_flags, isa_features
 from ascendc_pack.toolchain.cxx import DEFAULT_CXX
 
 log = logging.getLogger("ascendc_pack")
@@ -159,6 +164,20 @@ def host_caches() -> dict[str, int]:
     return {r[0]: int(r[1]) for r in rows if len(r) == 2 and r[0] in ("L1d", "L2", "L3") and r[1].isdigit()}
 
 
+def host_fingerprint() -> dict:
+    """What makes timings comparable: machine, CPU model, usable cores, vector ISA (the key of
+    the host profile and of every PGO record)."""
+    return dict(_host_fingerprint())
+
+
+@lru_cache(maxsize=1)
+def _host_fingerprint() -> dict:
+    model = host_cpu_model() or ""
+    isa = sorted(f for f in host_cpu_flags() if f.startswith(("avx", "fma", "sse4", "f16c", "amx")))
+    return {"machine": platform.machine(), "cpu": model or platform.processor(), "cores": host_cores(),
+            "isa": ",".join(isa)}
+
+
 _MEMO: dict[str, HostProfile] = {}
 """Profiles measured in this process, by host key: a build plans many kernels."""
 
@@ -166,8 +185,6 @@ _MEMO: dict[str, HostProfile] = {}
 def host_profile(march: str, lanes: int, l2: int, cache_dir: Path | str | None = None) -> HostProfile:
     """The profile of this host for ``-march=<march>``: this process's, else the kept one,
     else measured now (module docstring)."""
-    from ascendc_pack.autotune.python_mode import host_fingerprint
-
     key = stable_hash(PROFILE_VERSION, json.dumps(host_fingerprint(), sort_keys=True), march, lanes, l2)[:16]
     if key in _MEMO:
         return _MEMO[key]
@@ -241,4 +258,4 @@ def _copy_gbps(nbytes: int) -> float:
     return 2 * nbytes / best / 1e9
 
 
-__all__ = ["HostProfile", "CpuTarget", "FALLBACK", "host_caches", "host_profile", "measure"]
+__all__ = ["HostProfile", "CpuTarget", "FALLBACK", "host_caches", "host_fingerprint", "host_profile", "measure"]

@@ -247,7 +247,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
     ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
     of every tactic step (:class:`~ascendc_pack.tactics.tune.TacticChoice` by step name; their
     choices are already applied to ``model``), ``call_threads`` the tuned thread cap of a call
-    (:mod:`ascendc_pack.autotune.call_threads`; None: not tuned, no record).
+    (:mod:`ascendc_pack.tune.call_threads`; None: not tuned, no record).
     Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
     """
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from ascendc_pack_runtime.tensor_meta import contiguous_strides, torch_dtype
 import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.frontend.executor import run_reference_tactic
 from ascendc_pack.passes.fold import is_foldable
-from ascendc_pack.graph.aten import meta_layouts
+from ascendc_pack.passes.meta_layouts import meta_layouts
 from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import from_lowered

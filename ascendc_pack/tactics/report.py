@@ -12,7 +12,7 @@ from ascendc_pack.tactics.families.registry import DISPATCH, lowered_family
 
 
 def _fmt(us: float | None) -> str:
-    from ascendc_pack.autotune.python_mode import format_us
+    from ascendc_pack.ir.choice import format_us
 
     return f"{format_us(us):>10}" if us is not None else f"{'-':>10}"
 

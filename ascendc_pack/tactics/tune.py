@@ -47,6 +47,7 @@ from ascendc_pack.cache import KernelDir, atomic_write_text, stable_hash
 from ascendc_pack.ir.choice import MeasurementQuality, rel_spread
 from ascendc_pack.config import BuildConfig, host_cores
 from ascendc_pack.frontend.executor import run_aten, run_model, run_program, run_reference_tactic
+from ascendc_pack.kernels.target import host_fingerprint
 from ascendc_pack.ir.program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import compile_kernel_tactics, plan_kernel_tactics, planned_total
@@ -136,12 +137,6 @@ class TacticChoice:
                 "chosen_index": self.chosen_index, "visited": self.visited,
                 "candidates": [{**r.to_json(), "tactic": t.to_json()} for r, t in zip(self.results, self.candidates)],
                 "uses": self.uses, **({"quality": self.quality.to_json()} if self.quality else {})}
-
-
-def host_fingerprint() -> dict:
-    from ascendc_pack.autotune.python_mode import host_fingerprint as kernel_host
-
-    return kernel_host()
 
 
 class TacticTuner:

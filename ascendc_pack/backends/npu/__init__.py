@@ -11,7 +11,7 @@
 * :mod:`.toolchain`- the emulation build (g++ against runtime/include/ascendc_pack/ascendc_emu)
                      and the CANN build command;
 * :mod:`.device`   - torch_npu: SoC name, device limit, event timer, stream launcher;
-* :mod:`.backend`  - the :class:`~ascendc_pack.backends.registry.Backend` implementations
+* :mod:`.backend`  - the :class:`~ascendc_pack.backends.protocol.Backend` implementations
                      (``npu`` on a device, ``npu-emu`` for ``--backend npu --emulate``).
 
 Nothing here imports torch_npu at import time: the emulated path runs on any CPU host.

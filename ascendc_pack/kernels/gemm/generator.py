@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -38,7 +37,6 @@ from ascendc_pack.kernels import family
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.target import CpuTarget
-from ascendc_pack.toolchain.compiler import isa_features
 
 log = logging.getLogger("ascendc_pack")
 

@@ -29,25 +29,24 @@ import dataclasses
 import json
 import logging
 import os
-import platform
 import statistics
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.kernels import KernelLoadError
 
 from ascendc_pack.autotune.protocol import AutotuneError, CandidateFailed, Protocol, Selection, contention_clock, select
-from ascendc_pack.backends.registry import Backend, get_backend
+from ascendc_pack.backends.protocol import Backend
+from ascendc_pack.backends.registry import get_backend
 from ascendc_pack.cache import atomic_write_text
 from ascendc_pack.ir.candidate import Candidate
-from ascendc_pack.ir.choice import CandidateResult, KernelChoice, KernelFallback, MeasurementQuality, unstable_footnote
-from ascendc_pack.toolchain.compiler import CompileCounts, host_cpu_flags
+from ascendc_pack.ir.choice import CandidateResult, KernelChoice, KernelFallback, MeasurementQuality, unstable_footnote, format_us
+from ascendc_pack.toolchain.compiler import CompileCounts
 from ascendc_pack.config import host_cores
+from ascendc_pack.kernels.target import host_fingerprint
 from ascendc_pack.frontend.executor import run_model, run_reference_fused
 from ascendc_pack.kernels.fused.build import FusedKernel, KernelCandidates
 from ascendc_pack.ir.program import CondStep, FusedStep, ModelProgram, Program
@@ -59,19 +58,6 @@ log = logging.getLogger("ascendc_pack")
 TUNING_VERSION = 2
 """Version of a kernel's cached ``tuning.json``; 2 records verification (a version-1 record was
 never verified, so its kernel re-tunes)."""
-
-
-def host_fingerprint() -> dict:
-    """What makes timings comparable: machine, CPU model, usable cores, vector ISA."""
-    return dict(_host_fingerprint())
-
-
-@lru_cache(maxsize=1)
-def _host_fingerprint() -> dict:
-    model = host_cpu_model() or ""
-    isa = sorted(f for f in host_cpu_flags() if f.startswith(("avx", "fma", "sse4", "f16c", "amx")))
-    return {"machine": platform.machine(), "cpu": model or platform.processor(), "cores": host_cores(),
-            "isa": ",".join(isa)}
 
 
 def summary_table(choices: dict[str, KernelChoice], fallbacks: dict[str, KernelFallback] | None = None) -> str:
@@ -93,15 +79,6 @@ def summary_table(choices: dict[str, KernelChoice], fallbacks: dict[str, KernelF
                      f"{'yes' if fb.visited else 'no'}  (fell back to ATen: {fb.reason})")
     note = unstable_footnote([ch.quality for ch in choices.values()], "kernel")
     return "\n".join(lines + ([note] if note else []))
-
-
-def format_us(us: float) -> str:
-    """A duration given in microseconds, in the unit that keeps it short: 23.4 us, 97.76 ms, 1.20 s."""
-    if us < 1e3:
-        return f"{us:.1f} us"
-    if us < 1e6:
-        return f"{us / 1e3:.2f} ms"
-    return f"{us / 1e6:.2f} s"
 
 
 @dataclass

@@ -36,10 +36,10 @@ from ascendc_pack_runtime.host import host_cpu_model
 from ascendc_pack_runtime.manifest_tactics import CallThreads
 
 from ascendc_pack.autotune.protocol import Protocol, contended_wait, contention_clock, least_contended
-from ascendc_pack.bench.stats import lead_in
+from ascendc_pack.autotune.protocol import lead_in
 from ascendc_pack.cache import atomic_write_text, stable_hash
 from ascendc_pack.ir.choice import UNSTABLE_WAIT
-from ascendc_pack.autotune.python_mode import host_fingerprint
+from ascendc_pack.kernels.target import host_fingerprint
 
 log = logging.getLogger("ascendc_pack")
 
