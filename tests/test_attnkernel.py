@@ -1,4 +1,4 @@
-"""Generated attention kernels (ascendc_pack/attnkernel.py, templates/kernel/attention.cpp.j2)
+"""Generated attention kernels (ascendc_pack/kernels/attention/generator.py, templates/kernel/attention.cpp.j2)
 against eager.
 
 Every candidate (topn 10) of every case is compiled and run on seeded operands and compared with
@@ -176,7 +176,7 @@ def test_spec_round_trips_through_json():
 
 def test_pgo_times_the_kernel_on_the_graphs_task_pool(builds, tmp_path, monkeypatch):
     """The build's PGO binds generated kernels to the task pool graph.so runs them on
-    (ascendc_pack/timing_pool.py); with ASCENDC_PACK_TASK_POOL=0 it times OpenMP, as graph.so runs."""
+    (ascendc_pack/autotune/timing_pool.py); with ASCENDC_PACK_TASK_POOL=0 it times OpenMP, as graph.so runs."""
     from ascendc_pack.autotune.timing_pool import timing_pool
 
     config = BuildConfig.resolve(cache_dir=tmp_path)

@@ -1,4 +1,4 @@
-"""The tuned thread cap of a whole call (ascendc_pack/call_threads.py, manifest ``call_threads``):
+"""The tuned thread cap of a whole call (ascendc_pack/tune/call_threads.py, manifest ``call_threads``):
 candidates, the choice rule, the manifest record, a real build that times the finished bundle,
 the runtime applying the cap (and the caller overriding it), the cache of warm rebuilds."""
 

@@ -1,6 +1,6 @@
 """Convolutions run by generated kernels: 1x1 convolutions as the generated GEMM on channels_last
-rows (ascendc_pack/tactic_gemm.py), depthwise and dense ones by the depthwise and the direct
-convolution kernels (ascendc_pack/tactic_convkernel.py), and the layouts the planner predicts
+rows (ascendc_pack/tactics/families/gemm.py), depthwise and dense ones by the depthwise and the direct
+convolution kernels (ascendc_pack/tactics/families/conv.py), and the layouts the planner predicts
 around convolutions.
 
 A mobile-style block (a dense 3x3 stem + BatchNorm + relu from an NCHW input, 1x1 expand +

@@ -1,4 +1,4 @@
-"""Copy elision (ascendc_pack/copy_elision.py): a clone into the layout its input already has
+"""Copy elision (ascendc_pack/passes/copy_elision.py): a clone into the layout its input already has
 becomes a view; relayouts, outputs, clones of inputs (or their views) and programs with in-place
 steps keep their copies; the program still computes what eager does; a bundle of a model with
 eval-mode dropout runs no copy kernel and matches eager."""

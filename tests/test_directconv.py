@@ -1,4 +1,4 @@
-"""Generated dense direct convolution kernels (ascendc_pack/directconv.py,
+"""Generated dense direct convolution kernels (ascendc_pack/kernels/conv/direct.py,
 templates/kernel/directconv.cpp.j2) against eager.
 
 Every candidate (topn 10) of every case is compiled and run: 3x3 stride 1 with channel tails (37

@@ -1,4 +1,4 @@
-"""Generated depthwise convolution kernels (ascendc_pack/dwconv.py, templates/kernel/dwconv.cpp.j2)
+"""Generated depthwise convolution kernels (ascendc_pack/kernels/conv/depthwise.py, templates/kernel/dwconv.cpp.j2)
 against eager.
 
 Every candidate (topn 10) of every case is compiled and run: 3x3 stride 1 and 2 (odd sizes), 5x5

@@ -1,4 +1,4 @@
-"""Generated GEMM kernels (ascendc_pack/gemm.py, templates/kernel/gemm.cpp.j2) against eager.
+"""Generated GEMM kernels (ascendc_pack/kernels/gemm/generator.py, templates/kernel/gemm.cpp.j2) against eager.
 
 Every candidate (topn 10) of every case is compiled and run: shapes with no tails (256^3), odd
 tails in M, N and K (37x61x29), tiny, skinny (M=1, a batch-1 linear), K over the cache block

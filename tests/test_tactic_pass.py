@@ -1,4 +1,4 @@
-"""The tactic pass (ascendc_pack/tactic_pass.py, tactic_match.py, tactic_attention.py): which
+"""The tactic pass (ascendc_pack/tactics/rewrite.py, tactics/match.py, tactics/match_attention.py): which
 heavy steps of a captured program become TacticSteps, with which epilogue, bindings, chains and
 names; the program still computes what eager does; the IR round-trips. No compiler runs here."""
 

@@ -1,4 +1,4 @@
-"""Tactics through the whole pipeline (ascendc_pack/tactic_tune.py, tactic_lower.py, the graph,
+"""Tactics through the whole pipeline (ascendc_pack/tactics/tune.py, tactics/lower.py, the graph,
 the bundle, the manifest): every tactic kind builds and matches eager in a fresh process, every
 candidate renders in graph.cpp, a wrong candidate is disqualified, a warm rebuild profiles
 nothing, an unvisited cond branch keeps candidate 0, identical steps share one measurement."""

@@ -1,4 +1,4 @@
-"""Generated Winograd F(2x2, 3x3) convolution kernels (ascendc_pack/winograd.py,
+"""Generated Winograd F(2x2, 3x3) convolution kernels (ascendc_pack/kernels/conv/winograd.py,
 templates/kernel/winograd.cpp.j2) against eager.
 
 Every proposed candidate of every case is compiled and run: input and output channel tails (37

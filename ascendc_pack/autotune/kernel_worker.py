@@ -1,6 +1,6 @@
 """The launch worker of PGO verification: runs one candidate kernel per request, in its own process.
 
-Started by :class:`ascendc_pack.autotune.verify.KernelSandbox` as ``python -I kernel_worker.py <parent pid>``
+Started by :class:`ascendc_pack.autotune.verify.KernelSandbox` as ``python -I autotune/kernel_worker.py <parent pid>``
 (isolated mode: no script directory on ``sys.path``, so nothing of ``ascendc_pack`` or torch is
 imported; the standard library only, which keeps the start-up near 30 ms).
 

@@ -26,7 +26,7 @@ from ascendc_pack.toolchain.cxx import (DEFAULT_CXX, CompilerRunError, compile_a
 log = logging.getLogger("ascendc_pack")
 
 POOL_SUBDIR = "ascendc_graph/pool"
-SOURCE = """// The graph's task pool for the build's PGO (ascendc_pack/timing_pool.py)
+SOURCE = """// The graph's task pool for the build's PGO (ascendc_pack/autotune/timing_pool.py)
 #include <ascendc_pack/task_pool.h>
 extern "C" __attribute__((visibility("default"))) const ap_pool *ap_timing_pool(void) {
   return ::ascendc_pack::TaskPool::instance().abi();

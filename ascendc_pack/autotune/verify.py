@@ -13,7 +13,7 @@ threads would stay and skew every later timing), and one that crashes would take
 So the verification launch runs in a worker process (:class:`KernelSandbox`) that is killed
 after a timeout and started afresh for the next candidate. Measured on the shared 2-core host
 (load ~10): a worker that imports torch takes ~5 s to start, one that imports only the standard
-library (``kernel_worker.py``) ~80 ms; forking the multi-threaded build process instead is not
+library (``autotune/kernel_worker.py``) ~80 ms; forking the multi-threaded build process instead is not
 safe with torch and OpenMP. The arguments travel through one shared file per kernel
 (``/dev/shm`` when it has room), written once and mapped by both sides: no tensor is pickled or
 copied per candidate. Verifying transformer_block's 10 kernels x 4 candidates took ~0.7-0.9 s of
@@ -45,7 +45,7 @@ from ascendc_pack.ir.program import FusedStep
 
 log = logging.getLogger("ascendc_pack")
 
-WORKER = Path(__file__).with_name("kernel_worker.py")
+WORKER = Path(__file__).with_name("autotune/kernel_worker.py")
 TIMEOUT_PER_REFERENCE = 100.0
 """A candidate may take this many times the reference's run time (but at least the protocol's
 ``verify_timeout_s``) before it counts as hung."""
@@ -208,7 +208,7 @@ def _shared_dir(size: int) -> str:
 
 
 class KernelSandbox:
-    """A persistent launch worker (``kernel_worker.py``) for one build, started on first use.
+    """A persistent launch worker (``autotune/kernel_worker.py``) for one build, started on first use.
 
     :meth:`launch` runs one kernel library on an arena and returns its status; it raises
     :class:`SandboxHung` after ``timeout_s`` (the worker is killed; the next launch starts a new

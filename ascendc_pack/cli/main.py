@@ -329,4 +329,4 @@ def run(bundle: str, inputs_file: str | None, random_inputs: bool, repeat: int, 
     sys.exit(rc)
 
 
-register_trust_commands(main)   # keygen, sign (ascendc_pack/cli_trust.py)
+register_trust_commands(main)   # keygen, sign (ascendc_pack/cli/trust.py)

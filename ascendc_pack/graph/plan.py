@@ -233,7 +233,7 @@ class _Planner:
         actions.append(CheckAction(v, out, shape, stride))
         return out
 
-    # tactic steps (ascendc_pack/graph_tactic.py) ------------------------------------------
+    # tactic steps (ascendc_pack/graph/tactic.py) ------------------------------------------
     def tactic(self, step: TacticStep, env: dict, program: Program, scope: str) -> list:
         """A lowered tactic step (its ATen steps when it was not lowered)."""
         if step.chosen is None:

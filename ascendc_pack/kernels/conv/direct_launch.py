@@ -17,7 +17,7 @@ from ascendc_pack.kernels.conv.common import apply_eager_epilogue, check_dense, 
 import ascendc_pack.kernels.conv.winograd as winograd
 from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError, ConvTiling, pack_weight
 
-# the same table as dwconv_launch.py's
+# the same table as kernels/conv/depthwise_launch.py's
 def _stored(spec: ConvSpec, what: str, t, layout: str, c: int, h: int, w: int) -> None:
     if layout == "nchw":
         _dense(spec, f"{what} (x_layout / residual_layout 'nchw')", t, (spec.n, c, h, w), " (x.contiguous())")

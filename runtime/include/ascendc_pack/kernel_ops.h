@@ -1,6 +1,6 @@
 // Scalar helpers the expressions of generated fused CPU kernels call (C++ only).
 //
-// ascendc_pack/codegen.py writes each kernel as one translation unit of generated loops; the
+// ascendc_pack/kernels/fused/codegen.py writes each kernel as one translation unit of generated loops; the
 // fixed helpers its expressions use live here instead of being re-emitted into every source:
 // libm builtin wrappers (ap_sqrt, ap_floor, ap_pow, ...), ap_min, torch's floating floor division
 // (ap_div_floor) and integer power (ap_ipow). The float32 transcendental functions (ap_exp,
