@@ -207,6 +207,44 @@ def test_the_layer_check_finds_an_upward_import():
         and any("autotune (layer 8) imports bench" in b for b in bad)
 
 
+GLOBAL_STATE = {
+    "ascendc_pack.passes.meta_layouts._META_MEMO": "each meta-layout question answered once per process",
+    "ascendc_pack.frontend.executor._OP_CACHE": "op name -> resolved OpOverload, a pure lookup",
+    "ascendc_pack.kernels.target._MEMO": "the host profile, measured once per process",
+    "ascendc_pack.tactics.families.registry._registered": "families registered at run time",
+    "ascendc_pack.autotune.protocol.contention_clock": "schedstat files kept open between samples",
+    "ascendc_pack.autotune.timing_pool._keep": "the timing pool's library stays loaded",
+}
+"""Every piece of process-global mutable state in the compiler, with its reason (docs/DESIGN.md
+§1.2 lists the same)."""
+
+
+def _global_state() -> set[str]:
+    """Module-level names bound to an empty container or to an instance of a private class."""
+    out = set()
+    for mod, path in modules_of("ascendc_pack").items():
+        for node in ast.parse(path.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+                node.target if isinstance(node, ast.AnnAssign) else None
+            value = getattr(node, "value", None)
+            if not isinstance(target, ast.Name) or value is None:
+                continue
+            empty = isinstance(value, (ast.Dict, ast.List, ast.Set)) and not (
+                getattr(value, "keys", None) or getattr(value, "elts", None))
+            private_instance = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+                and value.func.id.startswith("_") and value.func.id[1:2].isupper()
+            if empty or private_instance:
+                out.add(f"{mod}.{target.id}")
+    return out
+
+
+def test_process_global_state_is_the_listed_state():
+    assert _global_state() == set(GLOBAL_STATE), "process-global state changed: list it (with its reason) in " \
+        "GLOBAL_STATE and docs/DESIGN.md §1.2, or remove it"
+    design = DESIGN.read_text()
+    assert all(name.rpartition(".")[2] in design for name in GLOBAL_STATE)
+
+
 def test_the_runtime_never_imports_the_compiler():
     """docs/DESIGN.md §1.2: ascendc_pack_runtime runs without ascendc_pack, jinja2, click or a compiler."""
     bad = {}
