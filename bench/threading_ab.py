@@ -54,10 +54,10 @@ def build(out: Path, models: list[str], old_rev: str | None) -> None:
     from ascendc_pack.pipeline import build_file
 
     if old_rev is not None:  # the old cost model, swapped in where the pipeline looks it up
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{old_rev}:ascendc_pack/kernels/fused/tiling.py"],
+        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{old_rev}:ascendc_pack/tiling.py"],
                              capture_output=True, text=True, check=True).stdout
         old = dict(tiling.__dict__)
-        exec(compile(src, f"{old_rev}:ascendc_pack/kernels/fused/tiling.py", "exec"), old)  # noqa: S102 - our own file
+        exec(compile(src, f"{old_rev}:ascendc_pack/tiling.py", "exec"), old)  # noqa: S102 - our own file
         kernels.propose, kernels.Target, backend_cpu.Target = old["propose"], old["Target"], old["Target"]
     out.mkdir(parents=True, exist_ok=True)
     for name in models:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--models", default="add_sum,mlp,transformer_block")
     p.add_argument("--work-dir", default=str(ROOT / "bench_out" / "threading_ab"))
-    p.add_argument("--old-tiling-rev", default="df0258d", help="commit whose ascendc_pack/kernels/fused/tiling.py is the old model")
+    p.add_argument("--old-tiling-rev", default="df0258d", help="commit whose ascendc_pack/tiling.py is the old model")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=1.0, help="timing per model per run")
     p.add_argument("--busy", action=argparse.BooleanOptionalAction, default=True)

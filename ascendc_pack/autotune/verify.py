@@ -45,7 +45,7 @@ from ascendc_pack.ir.program import FusedStep
 
 log = logging.getLogger("ascendc_pack")
 
-WORKER = Path(__file__).with_name("autotune/kernel_worker.py")
+WORKER = Path(__file__).with_name("kernel_worker.py")
 TIMEOUT_PER_REFERENCE = 100.0
 """A candidate may take this many times the reference's run time (but at least the protocol's
 ``verify_timeout_s``) before it counts as hung."""

@@ -91,7 +91,7 @@ def render_graph_cached(model: ModelProgram, kernels: dict[str, KernelRef], weig
 def _generator_identity() -> str:
     """A hash of the code that plans and renders graphs (the graph package, the IR, the templates)."""
     here = Path(__file__).resolve().parent
-    files = sorted(here.glob("*.py")) + [here.parent / "ir" / "ir/program.py"]
+    files = sorted(here.glob("*.py")) + [here.parent / "ir" / "program.py"]
     files += sorted(Path(str(template_root())).glob("graph/*.j2"))
     return stable_hash(*[f.read_bytes() for f in files])
 

@@ -41,7 +41,7 @@ def _generator_version() -> str:
     for name in TEMPLATES:
         h.update(env.loader.get_source(env, name)[0].encode())
     here = Path(__file__).parent
-    for module in ("kernels/fused/codegen.py", "planner.py", "emit.py", "layout.py"):
+    for module in ("codegen.py", "planner.py", "emit.py", "layout.py"):
         h.update((here / module).read_bytes())
     return "npu-vector-v1-" + h.hexdigest()[:16]
 

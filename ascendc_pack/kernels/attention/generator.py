@@ -292,28 +292,16 @@ def _space(spec: AttnSpec, target: CpuTarget) -> list[AttnTiling]:
     return out
 
 
-def _varied(cands: list[KernelCandidate]) -> list[KernelCandidate]:
-    """``cands`` (one thread count, sorted by estimate) reordered for PGO: the best tiling of
-    each score block, then of each P·V block and rows per task, then the rest by estimate (the
-    estimate ranks blocks within ~10 %; measured candidates differ by up to 1.6x)."""
-    ranked: dict[int, KernelCandidate] = {}
-    for kind in (lambda t: (t.mr, t.nrv), lambda t: (t.pv_mr, t.pvw), lambda t: t.qb):
-        firsts: dict = {}
-        for c in cands:
-            firsts.setdefault(kind(c.tiling), c)
-        for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
-            ranked.setdefault(id(c), c)
-    for c in cands:
-        ranked.setdefault(id(c), c)
-    return list(ranked.values())
+_VARIETY = (lambda t: (t.mr, t.nrv), lambda t: (t.pv_mr, t.pvw), lambda t: t.qb)
+"""PGO sees the best of each score block, of each P·V block and of each rows-per-task first."""
 
 
 def propose(spec: AttnSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best estimate first, never more threads than
-    ``target.cores``: the varied best of the best thread count (:func:`_varied`), and the best
+    ``target.cores``: the varied best of the best thread count (:data:`_VARIETY`), and the best
     of the other thread count last (PGO confirms or refutes the threading)."""
     scored = family.scored(spec, target, _space(spec, target), workspace, estimate_us)
-    groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
+    groups = [family.varied([c for c in scored if c.tiling.bd == bd], _VARIETY) for bd in sorted({c.tiling.bd for c in scored})]
     groups.sort(key=lambda g: g[0].est_us)
     n = max(1, min(topn, MAX_CANDIDATES))
     others = [g[0] for g in groups[1:]]

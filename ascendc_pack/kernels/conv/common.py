@@ -41,6 +41,77 @@ def fold_affine(weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Te
     return w, b
 
 
+class ConvGeometry:
+    """What a convolution spec (a frozen dataclass with ``name``, ``n``, ``h``, ``w``, ``kh``,
+    ``kw``, ``stride``, ``padding``, ``dilation``, ``bias`` and ``epilogue``) derives from its
+    shape, and the checks of it every generated convolution kernel makes. Subclasses name their
+    ``error`` class and ``kind`` (the messages' "depthwise conv k1")."""
+
+    error = ValueError
+    kind = "conv"
+
+    def check_geometry(self) -> None:
+        """One residual ``add`` at most, and an output of one position at least along each axis."""
+        if self.epilogue.count("add") > 1:
+            raise self.error(f"{self.kind} {self.name}: epilogue has {self.epilogue.count('add')} 'add' steps, the "
+                             f"kernel takes one residual input; add the others separately")
+        for axis, size, k, s, p, d in self._axes():
+            if out_size(size, k, s, p, d) < 1:
+                raise self.error(f"{self.kind} {self.name}: the dilated kernel ({d * (k - 1) + 1}) is larger than "
+                                 f"the padded input {axis} ({size + 2 * p}); no output. Increase padding or use a "
+                                 f"smaller kernel or dilation")
+
+    def _axes(self):
+        return [("height", self.h, self.kh, self.stride[0], self.padding[0], self.dilation[0]),
+                ("width", self.w, self.kw, self.stride[1], self.padding[1], self.dilation[1])]
+
+    @property
+    def oh(self) -> int:
+        return out_size(*self._axes()[0][1:])
+
+    @property
+    def ow(self) -> int:
+        return out_size(*self._axes()[1][1:])
+
+    @property
+    def interior_rows(self) -> tuple[int, int]:
+        return interior(self.oh, *self._axes()[0][1:])
+
+    @property
+    def interior_cols(self) -> tuple[int, int]:
+        return interior(self.ow, *self._axes()[1][1:])
+
+    @property
+    def residual(self) -> bool:
+        return "add" in self.epilogue
+
+    @property
+    def n_inputs(self) -> int:
+        return 2 + int(self.bias) + int(self.residual)
+
+
+def epilogue_operands(spec, bias, residual, channels: int, check_residual) -> list:
+    """The bias and residual operands a convolution kernel's launch passes after ``x`` and the
+    weight, each checked against ``spec`` (a :class:`ConvGeometry`): a bias ``[channels]`` when it
+    has one, a residual in the output's layout (``check_residual(residual)``) when it adds one,
+    and neither otherwise."""
+    kernel = f"{spec.kind} {spec.name}"
+    ins = []
+    if spec.bias:
+        check_dense(spec.error, kernel, "bias (the kernel adds one)", bias, (channels,), "")
+        ins.append(bias)
+    elif bias is not None:
+        raise spec.error(f"{kernel}: the spec has no bias, got one; fold it into the spec")
+    if spec.residual:
+        if residual is None:
+            raise spec.error(f"{kernel}: the epilogue adds a residual, got none")
+        check_residual(residual)
+        ins.append(residual)
+    elif residual is not None:
+        raise spec.error(f"{kernel}: the epilogue has no 'add', got a residual")
+    return ins
+
+
 def apply_eager_epilogue(epilogue, y: torch.Tensor, residual=None) -> torch.Tensor:
     """The epilogue steps with torch's ops (the reference of every candidate)."""
     for op in epilogue:
@@ -71,4 +142,4 @@ def check_dense(error, kernel: str, what: str, t, shape, hint: str) -> None:
         raise error(f"{kernel}: {what} must be a contiguous CPU float32 {list(shape)} tensor{hint}, got {got}")
 
 
-__all__ = ["UNARY_OPS", "EPILOGUE_OPS", "Pair", "out_size", "interior", "fold_affine", "apply_eager_epilogue", "check_nhwc", "check_dense"]
+__all__ = ["UNARY_OPS", "EPILOGUE_OPS", "Pair", "ConvGeometry", "epilogue_operands", "out_size", "interior", "fold_affine", "apply_eager_epilogue", "check_nhwc", "check_dense"]

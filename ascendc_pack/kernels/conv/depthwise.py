@@ -31,7 +31,7 @@ from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
 from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
 from ascendc_pack.kernels import family
-from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, ConvGeometry, Pair, fold_affine, interior, out_size  # noqa: F401
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
@@ -48,11 +48,14 @@ class DwConvSpecError(PackError, ValueError):
 
 
 @dataclass(frozen=True)
-class DwConvSpec:
+class DwConvSpec(ConvGeometry):
     """One static depthwise convolution ``y = epilogue(conv2d(x, w, bias, stride, padding,
     dilation, groups=c))``: ``x`` NHWC ``[n, h, w, c]``, weight ``[c, 1, kh, kw]`` (read packed
     as ``[kh, kw, c]``), ``y`` NHWC ``[n, oh, ow, c]``; float32. ``epilogue`` steps run in order
     after the bias (see :data:`EPILOGUE_OPS`)."""
+
+    error = DwConvSpecError
+    kind = "depthwise conv"
 
     name: str
     n: int
@@ -92,47 +95,13 @@ class DwConvSpec:
         if bad:
             raise DwConvSpecError(f"depthwise conv {self.name}: unsupported epilogue step(s) {bad}; fusable "
                                   f"steps are {', '.join(EPILOGUE_OPS)} (leave others to a separate kernel)")
-        if self.epilogue.count("add") > 1:
-            raise DwConvSpecError(f"depthwise conv {self.name}: epilogue has {self.epilogue.count('add')} 'add' "
-                                  f"steps, the kernel takes one residual input; add the others separately")
-        for axis, size, k, s, p, d in self._axes():
-            if out_size(size, k, s, p, d) < 1:
-                raise DwConvSpecError(f"depthwise conv {self.name}: the dilated kernel ({d * (k - 1) + 1}) is "
-                                      f"larger than the padded input {axis} ({size + 2 * p}); no output. Increase "
-                                      f"padding or use a smaller kernel or dilation")
-
-    def _axes(self):
-        return [("height", self.h, self.kh, self.stride[0], self.padding[0], self.dilation[0]),
-                ("width", self.w, self.kw, self.stride[1], self.padding[1], self.dilation[1])]
-
-    @property
-    def oh(self) -> int:
-        return out_size(*self._axes()[0][1:])
-
-    @property
-    def ow(self) -> int:
-        return out_size(*self._axes()[1][1:])
+        self.check_geometry()
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
         """The output as torch shapes it, ``[N, O, OH, OW]`` (stored channels_last)."""
         return (self.n, self.c, self.oh, self.ow)
 
-    @property
-    def interior_rows(self) -> tuple[int, int]:
-        return interior(self.oh, *self._axes()[0][1:])
-
-    @property
-    def interior_cols(self) -> tuple[int, int]:
-        return interior(self.ow, *self._axes()[1][1:])
-
-    @property
-    def residual(self) -> bool:
-        return "add" in self.epilogue
-
-    @property
-    def n_inputs(self) -> int:
-        return 2 + int(self.bias) + int(self.residual)
 
     @property
     def flops(self) -> int:
@@ -328,21 +297,6 @@ def _space(spec: DwConvSpec, target: CpuTarget) -> list[DwConvTiling]:
     return out
 
 
-def _varied(cands: list[KernelCandidate]) -> list[KernelCandidate]:
-    """``cands`` (sorted by estimate) reordered for PGO: the best three channel blocks and the
-    best three column blocks first, then the rest by estimate."""
-    ranked: dict[int, KernelCandidate] = {}  # by id: insertion-ordered, no deep comparisons
-    for kind in (lambda t: t.cb, lambda t: t.owb):
-        firsts: dict[int, KernelCandidate] = {}
-        for c in cands:
-            firsts.setdefault(kind(c.tiling), c)
-        for c in sorted(firsts.values(), key=lambda c: c.est_us)[:3]:
-            ranked.setdefault(id(c), c)
-    for c in cands:
-        ranked.setdefault(id(c), c)
-    return list(ranked.values())
-
-
 def propose(spec: DwConvSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first, never more
     threads than ``target.cores``. Multi-thread candidates appear only where the best
@@ -351,7 +305,8 @@ def propose(spec: DwConvSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> 
     share (the cost model cannot know whether the other cores are busy), and within one the best
     few channel and column blocks come before the runners-up."""
     scored = family.scored(spec, target, _space(spec, target), lambda s, t: 0, estimate_us)
-    groups = [_varied([c for c in scored if c.tiling.bd == bd]) for bd in sorted({c.tiling.bd for c in scored})]
+    groups = [family.varied([c for c in scored if c.tiling.bd == bd], (lambda t: t.cb, lambda t: t.owb))
+              for bd in sorted({c.tiling.bd for c in scored})]
     groups.sort(key=lambda g: g[0].est_us)
     picked = [c for row in itertools.zip_longest(*groups) for c in row if c is not None]
     return sorted(picked[:max(1, min(topn, MAX_CANDIDATES))], key=lambda c: (c.est_us, c.candidate.tiling_repr))

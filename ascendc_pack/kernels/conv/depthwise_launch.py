@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ascendc_pack_runtime.kernels import KernelLibrary
 
-from ascendc_pack.kernels.conv.common import apply_eager_epilogue, check_dense, check_nhwc
+from ascendc_pack.kernels.conv.common import apply_eager_epilogue, check_dense, check_nhwc, epilogue_operands
 
 from ascendc_pack.kernels.conv.depthwise import DwConvSpec, DwConvSpecError, pack_weight
 
@@ -43,19 +43,8 @@ class DwConvKernel:
         s = self.spec
         _nhwc(s, "x", x, s.c, s.h, s.w)
         _dense(s, "the weight", w_khkwc, (s.kh, s.kw, s.c), " (pack a [C, 1, kh, kw] weight with pack_weight)")
-        ins = [x, w_khkwc]
-        if s.bias:
-            _dense(s, "bias (the kernel adds one)", bias, (s.c,), "")
-            ins.append(bias)
-        elif bias is not None:
-            raise DwConvSpecError(f"depthwise conv {s.name}: the spec has no bias, got one; fold it into the spec")
-        if s.residual:
-            if residual is None:
-                raise DwConvSpecError(f"depthwise conv {s.name}: the epilogue adds a residual, got none")
-            _nhwc(s, "residual", residual, s.c, s.oh, s.ow)
-            ins.append(residual)
-        elif residual is not None:
-            raise DwConvSpecError(f"depthwise conv {s.name}: the epilogue has no 'add', got a residual")
+        ins = [x, w_khkwc] + epilogue_operands(s, bias, residual, s.c,
+                                               lambda r: _nhwc(s, "residual", r, s.c, s.oh, s.ow))
         if out is None:
             out = torch.empty((s.n, s.c, s.oh, s.ow), memory_format=torch.channels_last)
         _nhwc(s, "out", out, s.c, s.oh, s.ow)

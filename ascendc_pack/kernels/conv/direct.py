@@ -32,7 +32,7 @@ from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
 from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
 from ascendc_pack.kernels import family
-from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, UNARY_OPS, Pair, fold_affine, interior, out_size  # noqa: F401
+from ascendc_pack.kernels.conv.common import EPILOGUE_OPS, UNARY_OPS, ConvGeometry, Pair, fold_affine, interior, out_size  # noqa: F401
 from ascendc_pack.kernels.family import PARALLEL_MIN_US, FamilyBuild, Generator, KernelCandidate, Tiling  # noqa: F401
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.fused.tiling import Target
@@ -59,13 +59,16 @@ def _pair(spec_name: str, what: str, value, least: int) -> Pair:
 
 
 @dataclass(frozen=True)
-class ConvSpec:
+class ConvSpec(ConvGeometry):
     """One static dense convolution ``y = epilogue(conv2d(x, w, bias, stride, padding,
     dilation))`` (groups = 1): ``x`` ``[n, c_in, h, w]`` stored ``x_layout`` (NHWC by default),
     weight ``[c_out, c_in, kh, kw]`` (read packed, :func:`pack_weight`), ``y`` NHWC
     ``[n, oh, ow, c_out]``; float32. ``epilogue`` steps run in order after the bias (see
     :data:`EPILOGUE_OPS`; one ``add`` at most: the residual of y's shape, stored
     ``residual_layout``)."""
+
+    error = ConvSpecError
+    kind = "direct conv"
 
     name: str
     n: int
@@ -109,50 +112,17 @@ class ConvSpec:
         if bad:
             raise ConvSpecError(f"direct conv {self.name}: unsupported epilogue step(s) {bad}; fusable steps "
                                 f"are {', '.join(EPILOGUE_OPS)} (leave others to a separate kernel)")
-        if self.epilogue.count("add") > 1:
-            raise ConvSpecError(f"direct conv {self.name}: epilogue has {self.epilogue.count('add')} 'add' "
-                                f"steps, the kernel takes one residual input; add the others separately")
-        for axis, size, k, s, p, d in self._axes():
-            if out_size(size, k, s, p, d) < 1:
-                raise ConvSpecError(f"direct conv {self.name}: the dilated kernel ({d * (k - 1) + 1}) is larger "
-                                    f"than the padded input {axis} ({size + 2 * p}); no output. Increase padding "
-                                    f"or use a smaller kernel or dilation")
+        self.check_geometry()
         if self.n * max(self.h * self.w * self.c_in, self.oh * self.ow * self.c_out) >= 1 << 31:
             raise ConvSpecError(f"direct conv {self.name}: a tensor of 2^31 elements or more; split the batch "
                                 f"(n) or leave the convolution to ATen")
 
-    def _axes(self):
-        return [("height", self.h, self.kh, self.stride[0], self.padding[0], self.dilation[0]),
-                ("width", self.w, self.kw, self.stride[1], self.padding[1], self.dilation[1])]
-
-    @property
-    def oh(self) -> int:
-        return out_size(*self._axes()[0][1:])
-
-    @property
-    def ow(self) -> int:
-        return out_size(*self._axes()[1][1:])
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
         """The output as torch shapes it, ``[N, O, OH, OW]`` (stored channels_last)."""
         return (self.n, self.c_out, self.oh, self.ow)
 
-    @property
-    def interior_rows(self) -> tuple[int, int]:
-        return interior(self.oh, *self._axes()[0][1:])
-
-    @property
-    def interior_cols(self) -> tuple[int, int]:
-        return interior(self.ow, *self._axes()[1][1:])
-
-    @property
-    def residual(self) -> bool:
-        return "add" in self.epilogue
-
-    @property
-    def n_inputs(self) -> int:
-        return 2 + int(self.bias) + int(self.residual)
 
     @property
     def flops(self) -> int:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ascendc_pack_runtime.kernels import KernelLibrary
 
-from ascendc_pack.kernels.conv.common import apply_eager_epilogue, check_dense, check_nhwc
+from ascendc_pack.kernels.conv.common import apply_eager_epilogue, check_dense, check_nhwc, epilogue_operands
 
 import ascendc_pack.kernels.conv.winograd as winograd
 from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError, ConvTiling, pack_weight
@@ -78,19 +78,8 @@ class ConvKernel:
         _stored(s, "x", x, s.x_layout, s.c_in, s.h, s.w)
         _dense(s, "the packed weight", w_packed, self.packed_shape,
                f" (pack the [O, C, kh, kw] weight with kernel.prepare_weight)")
-        ins = [x, w_packed]
-        if s.bias:
-            _dense(s, "bias (the kernel adds one)", bias, (s.c_out,), "")
-            ins.append(bias)
-        elif bias is not None:
-            raise ConvSpecError(f"direct conv {s.name}: the spec has no bias, got one; fold it into the spec")
-        if s.residual:
-            if residual is None:
-                raise ConvSpecError(f"direct conv {s.name}: the epilogue adds a residual, got none")
-            _stored(s, "residual", residual, s.residual_layout, s.c_out, s.oh, s.ow)
-            ins.append(residual)
-        elif residual is not None:
-            raise ConvSpecError(f"direct conv {s.name}: the epilogue has no 'add', got a residual")
+        ins = [x, w_packed] + epilogue_operands(
+            s, bias, residual, s.c_out, lambda r: _stored(s, "residual", r, s.residual_layout, s.c_out, s.oh, s.ow))
         if out is None:
             out = torch.empty((s.n, s.c_out, s.oh, s.ow), memory_format=torch.channels_last)
         _stored(s, "out", out, "nhwc", s.c_out, s.oh, s.ow)
