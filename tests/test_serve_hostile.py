@@ -347,28 +347,64 @@ def test_trickled_header_and_body_are_cut_off(srv, bundles):
 
 
 def test_half_open_connections_do_not_pin_the_server(srv, bundles):
-    """200 connections that never finish their headers: beyond the concurrency limit the server
-    answers 503 at once, cuts them all off after the header timeout, then serves again."""
+    """200 connections that never finish their headers: a client still gets answers at once (the
+    longest-idle connections make room: a JSON 503 and closed), and the rest are cut off after
+    the header timeout."""
     socks = []
     try:
         for _ in range(200):
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")
             socks.append(s)
-        busy = None
-        for _ in range(20):  # the server accepts them asynchronously
-            status, res = raw_request(srv, "GET", "/v2/health/live")
-            if status == 503:
-                busy = json.loads(res)["error"]
-                break
-            time.sleep(0.1)
-        assert busy is not None and "concurrency limit" in busy
+        statuses = [raw_request(srv, "GET", "/v2/health/live")[0] for _ in range(10)]
+        assert statuses == [200] * 10, statuses
         deadline = time.monotonic() + HEADER_TIMEOUT + 30
+        answers = []
         for s in socks:
             got, closed = _read_until_closed(s, deadline)
             assert closed, "a half-open connection outlived the header timeout"
-            assert got == b"" or got.startswith(b"HTTP/1.1 408"), got[:200]
+            answers.append(got[:12])
+            assert got == b"" or got.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")), got[:200]
+            if got.startswith(b"HTTP/1.1 503"):
+                assert b"connection limit" in got, got
+        assert answers[0].startswith(b"HTTP/1.1 503"), "the longest-idle connection did not make room"
     finally:
         for s in socks:
             s.close()
     _still_right(srv, bundles)
+
+
+def test_idle_sockets_do_not_starve_the_server(bundles, tmp_path):
+    """Issue 37: 200 sockets held open without a byte (more than the concurrency limit, with a
+    header timeout long enough to outlast the test) no longer make every other client get 503;
+    a request in progress is never closed to make room."""
+    bundle, loaded = bundles["mlp"]
+    x = loaded.example_inputs[0].numpy()
+    body = json.dumps({"inputs": [dict(X, data=x.ravel().tolist())]}).encode()
+    head = (f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with Server(bundle, tmp_path / "idle.log", tmp_path / "rt_cache",
+                extra=["--header-timeout", "300", "--limit-concurrency", str(CONCURRENCY)]) as srv:
+        busy = socket.create_connection(("127.0.0.1", srv.port), timeout=60)   # a request in progress
+        busy.sendall(head + body[:1000])
+        idle = []
+        try:
+            for _ in range(200):
+                idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+            statuses = [raw_request(srv, "GET", "/v2/health/live")[0] for _ in range(20)]
+            assert statuses == [200] * 20, statuses
+            c = httpclient.InferenceServerClient(srv.url, network_timeout=120)
+            try:
+                np.testing.assert_allclose(infer(c, "mlp", *io_names(bundle), x, True), eager(loaded, x),
+                                           atol=1e-4, rtol=1e-4)
+            finally:
+                c.close()
+            busy.sendall(body[1000:])
+            got, _ = _read_until_closed(busy, time.monotonic() + 60)
+            assert got.startswith(b"HTTP/1.1 200"), got[:300]
+            got, closed = _read_until_closed(idle[0], time.monotonic() + 10)
+            assert closed and got.startswith(b"HTTP/1.1 503") and b"connection limit" in got, got[:300]
+        finally:
+            busy.close()
+            for s in idle:
+                s.close()

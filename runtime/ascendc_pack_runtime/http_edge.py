@@ -6,8 +6,15 @@
   trickled header, a half-open connection) is held forever. Here the headers of every request
   must be complete within ``header_timeout_s`` of the connection opening (or of the request's
   first byte on a kept-alive connection) and within ``max_header_bytes``; else 408 / 431 and the
-  connection is closed. uvicorn's own ``limit_concurrency`` answers 503 beyond the limit; this
-  class gives that 503 a JSON body too. Given to uvicorn as ``Config(http=...)``.
+  connection is closed. **Idle connections yield their slot**: uvicorn's ``limit_concurrency``
+  counts every open connection, so 64 sockets that never send a byte made every other client
+  get 503 until the header timeout (and a client reconnecting every 10 s kept the model down).
+  Here a connection that arrives at the limit closes the connection that has been idle longest
+  (no request in progress: one that has not completed its headers yet — 503 and close — or a
+  kept-alive one between requests — closed as its keep-alive timeout would), so idle sockets
+  never starve a client that sends a request; only connections with a request in progress
+  count against the limit, and beyond it uvicorn answers 503 (with a JSON body here). Given to
+  uvicorn as ``Config(http=...)``.
 * :class:`V2Middleware` (ASGI): reads every request body within ``body_timeout_s`` (408) and
   ``max_body_bytes`` (413), decompresses ``Content-Encoding: gzip|deflate`` as the bytes arrive
   against the same limit (an 87 KB gzip bomb is refused after at most ``max_body_bytes`` of
@@ -109,10 +116,45 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = True
         self._header_bytes = 0
+        self._idle_since = 0.0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._idle_since = self.loop.time()
         self._arm_header_timer()
+        self._make_room()
+
+    def _idle(self) -> bool:
+        """No request in progress: headers not complete yet, or between kept-alive requests."""
+        return (not self.transport.is_closing() and not self.pipeline
+                and (self.cycle is None or self.cycle.response_complete))
+
+    def _make_room(self) -> None:
+        """Close the longest-idle other connections until this one's request passes uvicorn's
+        check (``len(connections) < limit_concurrency``, this one included)."""
+        if self.limit_concurrency is None:
+            return
+        others = [c for c in self.connections if c is not self]
+        excess = len(others) - max(self.limit_concurrency - 2, 0)
+        if excess <= 0:
+            return
+        idle = sorted((c for c in others if isinstance(c, GuardedHttpToolsProtocol) and c._idle()),
+                      key=lambda c: c._idle_since)
+        for c in idle[:excess]:
+            c._evict()
+
+    def _evict(self) -> None:
+        if self._awaiting_headers:    # a request (or nothing) was begun but its headers never came
+            self._refuse(503, "the server is at its connection limit (--limit-concurrency) and this connection "
+                              "had sent no complete request for the longest; it was closed to serve others")
+        else:                         # kept alive between requests: close as the keep-alive timeout would
+            self._unset_keepalive_if_required()
+            self.transport.close()
+        self.connections.discard(self)   # its slot is free now (connection_lost follows on the next loop turn)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._idle_since = self.loop.time()
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
@@ -136,6 +178,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_timer()
+        self._make_room()     # connections that arrived since this one did may hold the slots
         size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
         if size > self._limits.max_header_bytes:  # arrived whole in one read: refused by the app below
             self.scope[_REFUSAL] = f"the request line and headers are {size} bytes, over {self._limits.max_header_bytes}"

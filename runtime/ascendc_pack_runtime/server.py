@@ -50,7 +50,10 @@ class ServeOptions:
     keep_alive_s: float = 15.0
     """An idle kept-alive connection is closed after this (behind a proxy: above its idle timeout)."""
     limit_concurrency: int = 64
-    """Connections plus requests in flight; beyond it uvicorn answers 503."""
+    """Connections plus requests in flight. A connection arriving at the limit closes the one
+    that has been idle longest (no request in progress), so idle sockets cannot starve the
+    server; when every connection has a request in progress, uvicorn answers 503
+    (:mod:`.http_edge`)."""
     max_header_bytes: int = 64 * 1024
 
     def __post_init__(self):
