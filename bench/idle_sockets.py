@@ -173,7 +173,8 @@ def main(argv=None) -> None:
               f"ms, p99 {_pct(res['ms'], 99):.2f} ms | infer: {sum(res['iok'])}/{a.infers * a.rounds} ok, p50 "
               f"{_pct(res['ims'], 50):.2f} ms, p99 {_pct(res['ims'], 99):.2f} ms | attacker sockets opened per round: "
               f"{statistics.median(res['opened']):.0f}")
-    print(f"server log: {log.count('connection limit')} 'connection limit' lines")
+    lines = log.count("at the server's limits")
+    print(f"server log: {lines} lines about refusals at the limits (at most one per 10 s)")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from .serve_helpers import Server, build_bundles, eager, infer, io_names, raw_request  # noqa: E402
 
-HEADER_TIMEOUT, BODY_TIMEOUT, CONCURRENCY = 2, 3, 24
+HEADER_TIMEOUT, BODY_TIMEOUT, CONCURRENCY, MAX_CONNECTIONS = 2, 3, 24, 100
 N = 256 * 1024          # mlp's input x: FP32 [256, 1024]
 NBYTES = 4 * N
 JH = {"Content-Type": "application/json"}
@@ -41,7 +41,7 @@ def srv(bundles, tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
     s = Server(bundles["mlp"][0], d / "mlp.log", d / "rt_cache",
                extra=["--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT),
-                      "--limit-concurrency", str(CONCURRENCY)])
+                      "--limit-concurrency", str(CONCURRENCY), "--max-connections", str(MAX_CONNECTIONS)])
     s.start()
     yield s
     s.stop()
@@ -374,21 +374,29 @@ def test_half_open_connections_do_not_pin_the_server(srv, bundles):
     _still_right(srv, bundles)
 
 
+def _in_progress(srv: Server, body: bytes) -> socket.socket:
+    """A connection with an infer request in progress: headers sent, the server reading its body
+    (it answered ``100 Continue``), the first 1,000 bytes of ``body`` sent."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    s.sendall(f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nConnection: close\r\nExpect: 100-continue\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")
+    s.sendall(body[:1000])
+    return s
+
+
 def test_idle_sockets_do_not_starve_the_server(bundles, tmp_path):
-    """Issue 37: 200 sockets held open without a byte (more than the concurrency limit, with a
-    header timeout long enough to outlast the test) no longer make every other client get 503;
-    a request in progress is never closed to make room."""
+    """Issue 37: 200 sockets held open without a byte (more than both limits, with a header
+    timeout that outlasts the test) no longer make every other client get 503: the longest-idle
+    ones are closed to make room (503), a request in progress never is, and the limit on
+    requests in progress still holds."""
     bundle, loaded = bundles["mlp"]
     x = loaded.example_inputs[0].numpy()
     body = json.dumps({"inputs": [dict(X, data=x.ravel().tolist())]}).encode()
-    head = (f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nConnection: close\r\nExpect: 100-continue\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     with Server(bundle, tmp_path / "idle.log", tmp_path / "rt_cache",
-                extra=["--header-timeout", "300", "--limit-concurrency", str(CONCURRENCY)]) as srv:
-        busy = socket.create_connection(("127.0.0.1", srv.port), timeout=60)   # a request in progress:
-        busy.sendall(head)
-        assert busy.recv(100).startswith(b"HTTP/1.1 100 Continue")            # the server is reading its body
-        busy.sendall(body[:1000])
+                extra=["--header-timeout", "300", "--limit-concurrency", str(CONCURRENCY), "--max-connections",
+                       "64"]) as srv:
+        busy = [_in_progress(srv, body)]
         idle = []
         try:
             for _ in range(200):
@@ -401,12 +409,20 @@ def test_idle_sockets_do_not_starve_the_server(bundles, tmp_path):
                                            atol=1e-4, rtol=1e-4)
             finally:
                 c.close()
-            busy.sendall(body[1000:])
-            got, _ = _read_until_closed(busy, time.monotonic() + 60)
-            assert got.startswith(b"HTTP/1.1 200"), got[:300]
             got, closed = _read_until_closed(idle[0], time.monotonic() + 10)
-            assert closed and got.startswith(b"HTTP/1.1 503") and b"connection limit" in got, got[:300]
-        finally:
-            busy.close()
-            for s in idle:
+            assert closed and got.startswith(b"HTTP/1.1 503") and b"--max-connections" in got, got[:300]
+            # as many requests in progress as the limit: the next request gets 503 at once
+            busy += [_in_progress(srv, body) for _ in range(CONCURRENCY - 1)]
+            status, res = raw_request(srv, "GET", "/v2/health/live")
+            assert status == 503 and "--limit-concurrency" in json.loads(res)["error"], res
+            for s in busy[1:]:
                 s.close()
+            busy[0].sendall(body[1000:])
+            got, _ = _read_until_closed(busy[0], time.monotonic() + 60)
+            assert got.startswith(b"HTTP/1.1 200"), got[:300]
+            assert raw_request(srv, "GET", "/v2/health/live")[0] == 200
+        finally:
+            for s in busy + idle:
+                s.close()
+        log = srv.log.read_text()
+        assert log.count("at the server's limits") <= 3, "refusals at the limits flooded the log"
