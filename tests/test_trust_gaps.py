@@ -18,11 +18,11 @@ import pytest
 
 import ascendc_pack_runtime as rt
 from ascendc_pack.pipeline import compare_outputs
-from ascendc_pack.signing import generate_key, sign_bundle
+from ascendc_pack.signing import sign_bundle
 from ascendc_pack_runtime.bundle import open_bundle
 from ascendc_pack_runtime.constants import CACHE_ENV, MAX_KEY_FILE_BYTES, TRUSTED_KEYS_ENV
 
-from .runtime_fixtures import eager_reference, example, pack, parts_of, reg, run_bundle_binary
+from .runtime_fixtures import eager_reference, example, pack, parts_of, reg, run_bundle_binary, signing_keys
 
 pytest.importorskip("cryptography")
 
@@ -31,9 +31,8 @@ AS_ROOT = os.geteuid() == 0
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    d = tmp_path_factory.mktemp("keys")
-    return {name: generate_key(d / name) for name in ("alice", "mallory")}   # (private, public, id)
+def mlp(tmp_path_factory):
+    return example(tmp_path_factory, "mlp")     # 16 MB of weights
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +41,8 @@ def add_sum(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mlp(tmp_path_factory):
-    return example(tmp_path_factory, "mlp")     # 16 MB of weights
+def keys(tmp_path_factory):
+    return signing_keys(tmp_path_factory)   # {name: (private, public, id)}
 
 
 def _signed(b, keys, tmp_path_factory, name: str) -> Path:
