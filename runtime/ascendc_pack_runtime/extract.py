@@ -373,7 +373,7 @@ def _open(path: Path, cache: Path, bundle_sha: str, head: Head, verify: str, sig
         tmp = cache / f".tmp-{bundle_sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         mkdir_private(tmp)
         try:
-            extracted = _extract_into(tmp, target, path, bundle_sha, head)
+            extracted = _extract_into(tmp, target, path, bundle_sha, head, verify)
             _fsync_dir(cache)
         except BaseException:
             remove_tree(tmp)
@@ -381,7 +381,7 @@ def _open(path: Path, cache: Path, bundle_sha: str, head: Head, verify: str, sig
     return done(extracted)
 
 
-def _extract_into(tmp: Path, target: Path, path: Path, bundle_sha: str, head: Head) -> bool:
+def _extract_into(tmp: Path, target: Path, path: Path, bundle_sha: str, head: Head, verify: str) -> bool:
     """Scan the bundle into ``tmp``, complete it and rename it to ``target``; whether this call
     made ``target`` (False: another process, without a working lock, finished first)."""
     def same_head(scanned: Head) -> None:
@@ -404,7 +404,7 @@ def _extract_into(tmp: Path, target: Path, path: Path, bundle_sha: str, head: He
         os.rename(tmp, target)
         return True
     except OSError:
-        if not check_entry(target) or not _reusable(target, bundle_sha, head, "sizes"):
+        if not check_entry(target) or not _reusable(target, bundle_sha, head, verify):
             raise
         remove_tree(tmp)
         return False

@@ -246,8 +246,10 @@ struct Marker {
 inline Marker read_marker(const std::string& dir) {
   std::string path = dir + "/" + kVerifiedMarker;
   detail::Json mk;
-  try {
+  try {  // a marker that breaks the cache rules is a CacheError: it propagates as one
     mk = detail::JsonParser(read_file(path, 1 << 16, kVerifiedMarker)).parse();
+  } catch (const CacheError&) {
+    throw;
   } catch (const std::exception& e) {
     throw BundleIntegrityError(dir + " is not a verified extraction (" + e.what() + "); " + kExtractAgain +
                                    " and pass the directory it prints", kVerifiedMarker, "", kExtractAgain);
