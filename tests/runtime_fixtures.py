@@ -379,6 +379,14 @@ def run_bundle_binary(tmp_path_factory) -> Path:
     return out
 
 
+def signing_keys(tmp_path_factory, names=("alice", "mallory")) -> dict:
+    """Fresh ed25519 key pairs ``{name: (private key file, public key file, key id)}``."""
+    from ascendc_pack.package.signing import generate_key
+
+    d = tmp_path_factory.mktemp("keys")
+    return {name: generate_key(d / name) for name in names}
+
+
 def refix_marker(directory: Path) -> None:
     """Make the extraction's marker name the sha256 of its (edited) manifest.json, as an
     attacker who can write the cache would."""
@@ -407,4 +415,5 @@ def evil_library(tmp: Path, size: int, flag: Path) -> bytes | None:
 
 
 __all__ = ["example", "eager_reference", "Parts", "parts_of", "pack", "tar_bytes", "zstd", "reg", "Case",
-           "corpus", "missing_host_feature", "families", "run_bundle_binary", "refix_marker", "evil_library"]
+           "corpus", "missing_host_feature", "families", "run_bundle_binary", "refix_marker", "evil_library",
+           "signing_keys"]

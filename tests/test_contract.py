@@ -150,6 +150,7 @@ int main() {
               (long long)kMaxDim, kMaxNdim, (long long)kMaxMemberBytes, (long long)kMaxManifestBytes);
   std::printf("\"MAX_MEMBERS\": %lld, \"MAX_NAME_CHARS\": %lld, \"MAX_COMPONENT_CHARS\": %lld, ",
               (long long)kMaxMembers, (long long)kMaxNameChars, (long long)kMaxComponentChars);
+  std::printf("\"MAX_KEY_FILE_BYTES\": %lld, ", (long long)kMaxKeyFileBytes);
   std::printf("\"TRUSTED_KEYS_ENV\": \"%s\", \"REBUILD\": \"%s\", \"dtypes\": {", kTrustedKeysEnv, kRebuild);
   bool first = true;
   for (const auto& d : kDtypes) {

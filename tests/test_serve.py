@@ -241,8 +241,9 @@ def test_serve_cli_defaults_are_the_serve_options():
     cli = {p.name: p.default for p in main.commands["serve"].params}
     assert cli["host"] == d.host == "127.0.0.1"  # loopback unless told otherwise (README Serving)
     assert (cli["port"], cli["workers"], cli["access_log"]) == (d.port, d.workers, d.access_log)
-    assert (cli["header_timeout"], cli["body_timeout"], cli["keep_alive"], cli["limit_concurrency"]) == \
-        (d.header_timeout_s, d.body_timeout_s, d.keep_alive_s, d.limit_concurrency)
+    assert (cli["header_timeout"], cli["body_timeout"], cli["keep_alive"], cli["limit_concurrency"],
+            cli["max_connections"]) == \
+        (d.header_timeout_s, d.body_timeout_s, d.keep_alive_s, d.limit_concurrency, d.max_connections)
     with pytest.raises(ValueError, match="header_timeout_s must be > 0"):
         ServeOptions(header_timeout_s=0)
 

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from .serve_helpers import Server, build_bundles, eager, infer, io_names, raw_request  # noqa: E402
 
-HEADER_TIMEOUT, BODY_TIMEOUT, CONCURRENCY = 2, 3, 24
+HEADER_TIMEOUT, BODY_TIMEOUT, CONCURRENCY, MAX_CONNECTIONS = 2, 3, 24, 100
 N = 256 * 1024          # mlp's input x: FP32 [256, 1024]
 NBYTES = 4 * N
 JH = {"Content-Type": "application/json"}
@@ -41,7 +41,7 @@ def srv(bundles, tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
     s = Server(bundles["mlp"][0], d / "mlp.log", d / "rt_cache",
                extra=["--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT),
-                      "--limit-concurrency", str(CONCURRENCY)])
+                      "--limit-concurrency", str(CONCURRENCY), "--max-connections", str(MAX_CONNECTIONS)])
     s.start()
     yield s
     s.stop()
@@ -347,28 +347,82 @@ def test_trickled_header_and_body_are_cut_off(srv, bundles):
 
 
 def test_half_open_connections_do_not_pin_the_server(srv, bundles):
-    """200 connections that never finish their headers: beyond the concurrency limit the server
-    answers 503 at once, cuts them all off after the header timeout, then serves again."""
+    """200 connections that never finish their headers: a client still gets answers at once (the
+    longest-idle connections make room: a JSON 503 and closed), and the rest are cut off after
+    the header timeout."""
     socks = []
     try:
         for _ in range(200):
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")
             socks.append(s)
-        busy = None
-        for _ in range(20):  # the server accepts them asynchronously
-            status, res = raw_request(srv, "GET", "/v2/health/live")
-            if status == 503:
-                busy = json.loads(res)["error"]
-                break
-            time.sleep(0.1)
-        assert busy is not None and "concurrency limit" in busy
+        statuses = [raw_request(srv, "GET", "/v2/health/live")[0] for _ in range(10)]
+        assert statuses == [200] * 10, statuses
         deadline = time.monotonic() + HEADER_TIMEOUT + 30
+        answers = []
         for s in socks:
             got, closed = _read_until_closed(s, deadline)
             assert closed, "a half-open connection outlived the header timeout"
-            assert got == b"" or got.startswith(b"HTTP/1.1 408"), got[:200]
+            answers.append(got[:12])
+            assert got == b"" or got.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")), got[:200]
+            if got.startswith(b"HTTP/1.1 503"):
+                assert b"connection limit" in got, got
+        assert any(a.startswith(b"HTTP/1.1 503") for a in answers), "no idle connection made room"
     finally:
         for s in socks:
             s.close()
     _still_right(srv, bundles)
+
+
+def _in_progress(srv: Server, body: bytes) -> socket.socket:
+    """A connection with an infer request in progress: headers sent, the server reading its body
+    (it answered ``100 Continue``), the first 1,000 bytes of ``body`` sent."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    s.sendall(f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nConnection: close\r\nExpect: 100-continue\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+    assert s.recv(100).startswith(b"HTTP/1.1 100 Continue")
+    s.sendall(body[:1000])
+    return s
+
+
+def test_idle_sockets_do_not_starve_the_server(bundles, tmp_path):
+    """Issue 37: 200 sockets held open without a byte (more than both limits, with a header
+    timeout that outlasts the test) no longer make every other client get 503: the longest-idle
+    ones are closed to make room (503), a request in progress never is, and the limit on
+    requests in progress still holds."""
+    bundle, loaded = bundles["mlp"]
+    x = loaded.example_inputs[0].numpy()
+    body = json.dumps({"inputs": [dict(X, data=x.ravel().tolist())]}).encode()
+    with Server(bundle, tmp_path / "idle.log", tmp_path / "rt_cache",
+                extra=["--header-timeout", "300", "--limit-concurrency", str(CONCURRENCY), "--max-connections",
+                       "64"]) as srv:
+        busy = [_in_progress(srv, body)]
+        idle = []
+        try:
+            for _ in range(200):
+                idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+            statuses = [raw_request(srv, "GET", "/v2/health/live")[0] for _ in range(20)]
+            assert statuses == [200] * 20, statuses
+            c = httpclient.InferenceServerClient(srv.url, network_timeout=120)
+            try:
+                np.testing.assert_allclose(infer(c, "mlp", *io_names(bundle), x, True), eager(loaded, x),
+                                           atol=1e-4, rtol=1e-4)
+            finally:
+                c.close()
+            got, closed = _read_until_closed(idle[0], time.monotonic() + 10)
+            assert closed and got.startswith(b"HTTP/1.1 503") and b"--max-connections" in got, got[:300]
+            # as many requests in progress as the limit: the next request gets 503 at once
+            busy += [_in_progress(srv, body) for _ in range(CONCURRENCY - 1)]
+            status, res = raw_request(srv, "GET", "/v2/health/live")
+            assert status == 503 and "--limit-concurrency" in json.loads(res)["error"], res
+            for s in busy[1:]:
+                s.close()
+            busy[0].sendall(body[1000:])
+            got, _ = _read_until_closed(busy[0], time.monotonic() + 60)
+            assert got.startswith(b"HTTP/1.1 200"), got[:300]
+            assert raw_request(srv, "GET", "/v2/health/live")[0] == 200
+        finally:
+            for s in busy + idle:
+                s.close()
+        log = srv.log.read_text()
+        assert log.count("at the server's limits") <= 3, "refusals at the limits flooded the log"

@@ -18,21 +18,20 @@ from click.testing import CliRunner
 import ascendc_pack_runtime as rt
 from ascendc_pack.cli.main import main
 from ascendc_pack.pipeline import compare_outputs
-from ascendc_pack.package.signing import generate_key, sign_bundle
+from ascendc_pack.package.signing import sign_bundle
 from ascendc_pack_runtime.bundle import open_bundle
 from ascendc_pack_runtime.trust import TrustPolicy, key_id, parse_key
 
 from .conftest import EXAMPLES
 from .runtime_fixtures import (eager_reference, example, pack, parts_of, refix_marker, reg,
-                               run_bundle_binary)
+                               run_bundle_binary, signing_keys)
 
 pytest.importorskip("cryptography")
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    d = tmp_path_factory.mktemp("keys")
-    return {name: generate_key(d / name) for name in ("alice", "mallory")}   # (private, public, id)
+    return signing_keys(tmp_path_factory)   # {name: (private, public, id)}
 
 
 @pytest.fixture(scope="module")

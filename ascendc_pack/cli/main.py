@@ -186,13 +186,15 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, content
 @click.option("--keep-alive", default=15.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds an idle kept-alive connection stays open (behind a proxy: above the proxy's idle timeout).")
 @click.option("--limit-concurrency", default=64, show_default=True, type=click.IntRange(1),
-              help="Connections plus requests in flight; beyond it the server answers 503.")
+              help="Requests in progress; beyond it a request gets 503 at once (idle connections do not count).")
+@click.option("--max-connections", default=512, show_default=True, type=click.IntRange(1),
+              help="Open connections; one more closes the longest-idle connection (idle sockets cannot starve the server).")
 @click.option("--threads", default=None, type=POSITIVE_INT,
               help="Thread cap of each instance's calls: fused kernels and torch's intra-op threads (default: none for one worker, torch's threads // workers for several).")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
 def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
-          limit_concurrency, threads, eager_model):
+          limit_concurrency, max_connections, threads, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
@@ -209,7 +211,8 @@ def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_tim
         options = ServeOptions(host=host, port=port, workers=workers, threads=threads, access_log=access_log,
                                max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
                                header_timeout_s=header_timeout, body_timeout_s=body_timeout,
-                               keep_alive_s=keep_alive, limit_concurrency=limit_concurrency)
+                               keep_alive_s=keep_alive, limit_concurrency=limit_concurrency,
+                               max_connections=max_connections)
         if eager_model is not None:
             factory = _eager_runner_factory(eager_model, per_instance_threads(workers, threads))
         serve_bundle(bundle, options, name=name, runner_factory=factory,

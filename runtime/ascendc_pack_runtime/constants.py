@@ -51,6 +51,9 @@ DEFAULT_MAX_RATIO = 1000
 real bundles stay under 10 (weights barely compress); a bomb of zeros reaches 30,000."""
 FREE_SPACE_MARGIN = 64 << 20
 """Free space an extraction leaves on the cache's file system besides the bundle's content."""
+MAX_KEY_FILE_BYTES = 1 << 20
+"""Largest trusted-key file read (a key line is 72 bytes): a larger file, or one that is not a
+regular file (a device, a FIFO), is a ``TrustPolicyError`` before anything is read from it."""
 
 # ----------------------------------------------------------------------------- the cache
 VERIFIED_MARKER = ".ascpack-verified"

@@ -9,10 +9,13 @@ are removed by the next extraction.
 What the cache may be trusted with (docs/FORMAT.md, "The extraction"): the bundle file is the
 authority, not the cache. A reuse reads the manifest again *from the bundle* (cheap: the first
 member), requires the marker to name the bundle's sha256 and that manifest's sha256, requires the
-cache's ``manifest.json`` to be those very bytes, and checks every member against the bundle's
-manifest (sizes; sha256 of every library always, of everything with ``verify="full"``); anything
-else is re-extracted. The cache and its entries must be private (this user's, not writable by
-group/other, no symlinks); directories are created 0700 whatever the umask. Every library is
+cache's ``manifest.json`` to be those very bytes and its ``manifest.sig`` the bundle's (absent
+when the bundle is unsigned), and checks every member against the bundle's manifest: sizes, the
+sha256 of every library always, and the sha256 of *every* member (weights included) with
+``verify="full"`` **or a trust policy** — under a policy nothing is used that was not hashed
+against the signed manifest in this load. Anything else is re-extracted. The cache and
+everything in it must pass the cache rules (:mod:`.cache_rules`: private, no symlinks, every
+level up to ``/`` checked); directories are created 0700 whatever the umask. Every library is
 hashed once more right before it is loaded (:func:`check_libraries`).
 """
 
@@ -22,7 +25,6 @@ import contextlib
 import errno
 import json
 import os
-import stat
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,15 +32,15 @@ from pathlib import Path
 from typing import BinaryIO, Iterable
 
 from .archive import Head, check_path, corrupt, read_head, scan, sha256_file
+from .cache_rules import (CACHE_FIX, check_cache_dir, check_entry, check_member, read_private,
+                          sha256_private)
 from .constants import (CACHE_ENV, FREE_SPACE_MARGIN, MANIFEST_NAME, MARKER_FORMAT, MARKER_VERSION,
                         MAX_EXTRACT_DEPTH, REBUILD, SIGNATURE_NAME, VERIFIED_MARKER)
-from .errors import (BundleError, BundleNotFoundError, CacheIOError, CacheSpaceError, InsecureCacheError,
-                     MemberPathConflictError, TamperedExtractionError, UnsafeMemberNameError)
+from .errors import (BundleError, BundleNotFoundError, CacheIOError, CacheSpaceError, MemberPathConflictError,
+                     TamperedExtractionError, UnsafeMemberNameError)
 from .host import check_host
 from .manifest import Manifest
 from .trust import TrustPolicy, check_signature
-
-_CACHE_FIX = f"set {CACHE_ENV} to a private directory of your own"
 
 
 @dataclass
@@ -77,107 +79,32 @@ def mkdir_private(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-# ----------------------------------------------------------------------------- cache safety
-
-
-def _insecure(path: Path, problem: str, fix: str = _CACHE_FIX) -> InsecureCacheError:
-    return InsecureCacheError(f"the runtime cache is not safe: {path} {problem}; someone else could swap the code "
-                              f"that is about to run: {fix}", field=CACHE_ENV, fix=fix)
-
-
-def _check_owner_and_mode(path: Path, st: os.stat_result) -> None:
-    if st.st_uid not in (os.geteuid(), 0):
-        raise _insecure(path, f"belongs to another user (uid {st.st_uid})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _insecure(path, f"can be written by group or other users (mode {stat.S_IMODE(st.st_mode):o})",
-                        f"run `chmod go-w {path}` or {_CACHE_FIX}")
-
-
-def check_cache_dir(cache: Path) -> None:
-    """Refuse a cache that another user could change: it must be this user's (or root's) and not
-    writable by group/other; no directory above it may be writable by group/other unless it is
-    sticky (like /tmp: others cannot rename what is ours)."""
-    real = Path(os.path.realpath(cache))
-    _check_owner_and_mode(cache, os.stat(real))
-    for parent in real.parents:
-        st = os.stat(parent)
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            raise _insecure(parent, "(a directory above the cache) can be written by group or other users and is "
-                            "not sticky: they could rename the cache")
-
-
-def _check_entry(directory: Path) -> bool:
-    """Whether an extracted ``<sha>`` entry exists (a private real directory); refuses a symlink
-    or a foreign/writable directory in its place."""
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISLNK(st.st_mode):
-        raise _insecure(directory, "is a symbolic link (extractions are real directories)",
-                        f"delete {directory} (the runtime extracts the bundle again)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise _insecure(directory, "is not a directory", f"delete {directory} (the runtime extracts the bundle again)")
-    _check_owner_and_mode(directory, st)
-    return True
-
-
-def _regular_no_symlink(directory: Path, name: str, checked_dirs: set[str]) -> os.stat_result:
-    """lstat of member ``name``: every directory on its way a real directory (each checked once),
-    itself a regular file; InsecureCacheError on a symlink, FileNotFoundError when missing."""
-    parts = name.split("/")
-    for k in range(1, len(parts)):
-        sub = "/".join(parts[:k])
-        if sub in checked_dirs:
-            continue
-        st = os.lstat(directory / sub)
-        if not stat.S_ISDIR(st.st_mode):
-            raise _insecure(directory / sub, "is a symbolic link or not a directory inside an extraction",
-                            f"delete {directory} (the runtime extracts the bundle again)")
-        checked_dirs.add(sub)
-    st = os.lstat(directory / name)
-    if not stat.S_ISREG(st.st_mode):
-        raise _insecure(directory / name, "is a symbolic link or not a regular file inside an extraction",
-                        f"delete {directory} (the runtime extracts the bundle again)")
-    return st
-
-
-def _read_private(path: Path, limit: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return f.read(limit + 1)
-
-
-def _sha256_nofollow(path: Path) -> str:
-    import hashlib
-
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    h = hashlib.sha256()
-    with os.fdopen(fd, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+# ----------------------------------------------------------------------------- reuse
 
 
 def _reusable(directory: Path, bundle_sha: str, head: Head, verify: str) -> bool:
     """Whether ``directory`` is a complete extraction of exactly this bundle (see the module doc).
-    Damage (missing or resized members, other hashes) answers False: the caller re-extracts."""
+    Damage (missing or resized members, other hashes, a missing or other ``manifest.sig``)
+    answers False: the caller re-extracts. A breach of the cache rules raises InsecureCacheError."""
     try:
-        marker = json.loads(_read_private(directory / VERIFIED_MARKER, 1 << 16))
+        marker = json.loads(read_private(directory / VERIFIED_MARKER, directory, 1 << 16))
         if not (isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT
                 and marker.get("version") == MARKER_VERSION and marker.get("bundle_sha256") == bundle_sha
                 and marker.get("manifest_sha256") == head.manifest_sha256):
             return False
-        if _read_private(directory / MANIFEST_NAME, len(head.manifest_bytes)) != head.manifest_bytes:
+        if read_private(directory / MANIFEST_NAME, directory, len(head.manifest_bytes)) != head.manifest_bytes:
             return False
+        if head.signature is None:
+            if os.path.lexists(directory / SIGNATURE_NAME):
+                return False
+        elif read_private(directory / SIGNATURE_NAME, directory, len(head.signature)) != head.signature:
+            return False         # missing (deleted) or another signature: extracting again restores it
         m, checked_dirs = head.manifest, set()
         libraries = set(m.libraries())
         for name, info in m.members.items():
-            if _regular_no_symlink(directory, name, checked_dirs).st_size != info.size:
+            if check_member(directory, name, checked_dirs).st_size != info.size:
                 return False
-            if (verify == "full" or name in libraries) and _sha256_nofollow(directory / name) != info.sha256:
+            if (verify == "full" or name in libraries) and sha256_private(directory / name, directory) != info.sha256:
                 return False
     except (OSError, ValueError):
         return False
@@ -190,7 +117,7 @@ def check_libraries(directory: Path, m: Manifest) -> None:
     unreadable)."""
     for name in m.libraries():
         try:
-            ok = _sha256_nofollow(directory / name) == m.members[name].sha256
+            ok = sha256_private(directory / name, directory) == m.members[name].sha256
         except OSError as e:
             raise _io_error(f"cannot read {directory / name} before loading it", e) from None
         if not ok:
@@ -202,10 +129,10 @@ def check_libraries(directory: Path, m: Manifest) -> None:
 
 def _io_error(what: str, e: OSError) -> CacheIOError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return CacheSpaceError(f"{what}: {e}; free space there or {_CACHE_FIX}", field=CACHE_ENV,
-                               fix=f"free space or {_CACHE_FIX}")
+        return CacheSpaceError(f"{what}: {e}; free space there or {CACHE_FIX}", field=CACHE_ENV,
+                               fix=f"free space or {CACHE_FIX}")
     return CacheIOError(f"{what}: {e}; check the runtime cache (was it changed or deleted while loading?) or "
-                        f"{_CACHE_FIX}", field=CACHE_ENV, fix=f"load again or {_CACHE_FIX}")
+                        f"{CACHE_FIX}", field=CACHE_ENV, fix=f"load again or {CACHE_FIX}")
 
 
 # ----------------------------------------------------------------------------- writing
@@ -236,8 +163,8 @@ class _DirectorySink:
         if free < need:
             raise CacheSpaceError(f"{self.path.name} needs {need} bytes in the runtime cache ({head.manifest.declared_bytes}"
                                   f" of content + {FREE_SPACE_MARGIN} spare), the file system of {self.root.parent} has "
-                                  f"{free} free; nothing was written: free space there or {_CACHE_FIX}",
-                                  field=CACHE_ENV, fix=f"free space or {_CACHE_FIX}")
+                                  f"{free} free; nothing was written: free space there or {CACHE_FIX}",
+                                  field=CACHE_ENV, fix=f"free space or {CACHE_FIX}")
 
     def create(self, name: str) -> BinaryIO:
         try:
@@ -388,11 +315,12 @@ def open_bundle(path: Path | str, cache_dir: Path | str | None = None, verify: s
                 trusted_keys: Iterable[str | os.PathLike] | None = None) -> Extracted:
     """Verify ``path`` and extract it under ``<cache_dir>/<sha256 of the file>/`` (atomic).
 
-    ``verify`` controls what an earlier extraction must pass to be reused besides its marker
-    and manifest: ``"sizes"`` (every member's size, every library's sha256) or ``"full"``
-    (every member's sha256). ``trusted_keys`` (key texts or files; default
+    ``verify`` controls what an earlier extraction must pass to be reused besides its marker,
+    manifest, signature and the cache rules: ``"sizes"`` (every member's size, every library's
+    sha256) or ``"full"`` (every member's sha256). ``trusted_keys`` (key texts or files; default
     ``$ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``) sets a trust policy: the bundle must be signed by
-    one of them, checked before anything is extracted or reused. Raises a
+    one of them, checked before anything is extracted or reused, and a reuse hashes every member
+    (``"full"``, whatever ``verify`` says). Raises a
     :class:`~ascendc_pack_runtime.errors.BundleError` subclass.
     """
     if verify not in ("sizes", "full"):
@@ -406,6 +334,8 @@ def open_bundle(path: Path | str, cache_dir: Path | str | None = None, verify: s
                                   fix="pass a readable .ascpack file") from None
     head = read_head(path)
     signer = check_signature(head.manifest_bytes, head.signature, policy, str(path)) if policy else None
+    if policy is not None:
+        verify = "full"        # nothing unhashed is used under a policy: weights.bin included
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     try:
         return _open(path, cache, bundle_sha, head, verify, signer)
@@ -422,7 +352,7 @@ def _open(path: Path, cache: Path, bundle_sha: str, head: Head, verify: str, sig
 
     if cache.is_dir():
         check_cache_dir(cache)
-        if _check_entry(target) and _reusable(target, bundle_sha, head, verify):
+        if check_entry(target) and _reusable(target, bundle_sha, head, verify):
             check_host(head.manifest)
             return done(False)
     else:
@@ -432,7 +362,7 @@ def _open(path: Path, cache: Path, bundle_sha: str, head: Head, verify: str, sig
                     mkdir_private(d)
         check_cache_dir(cache)
     with _extraction_lock(cache) as held:
-        if _check_entry(target):
+        if check_entry(target):
             # another process may have finished while we waited for the lock
             if _reusable(target, bundle_sha, head, verify):
                 check_host(head.manifest)
@@ -443,7 +373,7 @@ def _open(path: Path, cache: Path, bundle_sha: str, head: Head, verify: str, sig
         tmp = cache / f".tmp-{bundle_sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         mkdir_private(tmp)
         try:
-            extracted = _extract_into(tmp, target, path, bundle_sha, head)
+            extracted = _extract_into(tmp, target, path, bundle_sha, head, verify)
             _fsync_dir(cache)
         except BaseException:
             remove_tree(tmp)
@@ -451,7 +381,7 @@ def _open(path: Path, cache: Path, bundle_sha: str, head: Head, verify: str, sig
     return done(extracted)
 
 
-def _extract_into(tmp: Path, target: Path, path: Path, bundle_sha: str, head: Head) -> bool:
+def _extract_into(tmp: Path, target: Path, path: Path, bundle_sha: str, head: Head, verify: str) -> bool:
     """Scan the bundle into ``tmp``, complete it and rename it to ``target``; whether this call
     made ``target`` (False: another process, without a working lock, finished first)."""
     def same_head(scanned: Head) -> None:
@@ -474,7 +404,7 @@ def _extract_into(tmp: Path, target: Path, path: Path, bundle_sha: str, head: He
         os.rename(tmp, target)
         return True
     except OSError:
-        if not _check_entry(target) or not _reusable(target, bundle_sha, head, "sizes"):
+        if not check_entry(target) or not _reusable(target, bundle_sha, head, verify):
             raise
         remove_tree(tmp)
         return False

@@ -6,8 +6,17 @@
   trickled header, a half-open connection) is held forever. Here the headers of every request
   must be complete within ``header_timeout_s`` of the connection opening (or of the request's
   first byte on a kept-alive connection) and within ``max_header_bytes``; else 408 / 431 and the
-  connection is closed. uvicorn's own ``limit_concurrency`` answers 503 beyond the limit; this
-  class gives that 503 a JSON body too. Given to uvicorn as ``Config(http=...)``.
+  connection is closed. **Idle connections cannot starve the server**: uvicorn's
+  ``limit_concurrency`` counts every open connection, so 64 sockets that never send a byte made
+  every other client get 503 until the header timeout (and a client reconnecting every 10 s kept
+  the model down). Here the two are separate limits: ``limit_concurrency`` bounds the *requests
+  in progress* (beyond it: 503, JSON, at once), and ``max_connections`` bounds open connections:
+  one arriving beyond it closes the connection that has been idle longest (no request in
+  progress — one that has not completed its headers: a JSON 503 and close; a kept-alive one
+  between requests: closed as its keep-alive timeout would), or is refused with 503 itself when
+  every connection has a request in progress. Refusals at these limits are logged at most once
+  per 10 s, with counts (a flood of connections must not flood the log). Given to uvicorn as
+  ``Config(http=...)``.
 * :class:`V2Middleware` (ASGI): reads every request body within ``body_timeout_s`` (408) and
   ``max_body_bytes`` (413), decompresses ``Content-Encoding: gzip|deflate`` as the bytes arrive
   against the same limit (an 87 KB gzip bomb is refused after at most ``max_body_bytes`` of
@@ -29,7 +38,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import orjson
-from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .v2 import short
@@ -53,9 +61,11 @@ class EdgeLimits:
     """The whole body must arrive within this after the headers (408 and close)."""
     max_header_bytes: int = 64 * 1024
     """Request line plus headers (431 and close)."""
+    max_connections: int = 512
+    """Open connections; one more closes the longest-idle connection (module doc)."""
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "max_header_bytes"):
+        for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "max_header_bytes", "max_connections"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -91,28 +101,82 @@ async def _too_large(scope, receive, send) -> None:
 
 
 async def _busy(scope, receive, send) -> None:
-    """uvicorn's limit_concurrency answer, as JSON."""
-    await send_error(send, 503, "the server is at its concurrency limit (--limit-concurrency); retry later",
-                     close=True)
+    await send_error(send, 503, "the server has as many requests in progress as it takes (--limit-concurrency); "
+                                "retry later", close=True)
+
+
+class _PressureLog:
+    """Counts refusals at the request and connection limits and logs them at most once per
+    ``interval_s`` (one line with the counts since the last), so a flood does not flood the log."""
+
+    def __init__(self, interval_s: float = 10.0):
+        self.interval_s = interval_s
+        self.counts: dict[str, int] = {}
+        self.last = float("-inf")
+
+    def note(self, what: str, now: float) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+        if now - self.last >= self.interval_s:
+            logger.warning("at the server's limits: %s (logged at most every %g s)",
+                           ", ".join(f"{n} {w}" for w, n in self.counts.items()), self.interval_s)
+            self.counts.clear()
+            self.last = now
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a header timeout and a header size cap (module doc).
+    """uvicorn's httptools protocol plus a header timeout, a header size cap, a limit on the
+    requests in progress and one on open connections that closes idle ones first (module doc).
 
     uvicorn builds one per connection as ``http_protocol_class(config=, server_state=,
     app_state=)``; :func:`protocol_factory` binds the limits.
     """
 
-    def __init__(self, *args, limits: EdgeLimits, **kwargs):
+    def __init__(self, *args, limits: EdgeLimits, pressure: _PressureLog, **kwargs):
         super().__init__(*args, **kwargs)
         self._limits = limits
+        self._pressure = pressure
         self._header_timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = True
         self._header_bytes = 0
+        self._idle_since = 0.0
+        # uvicorn's check counts idle connections too; this class applies its own (_start_asgi_task)
+        self._max_requests, self.limit_concurrency = self.limit_concurrency, None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._idle_since = self.loop.time()
         self._arm_header_timer()
+        if len(self.connections) > self._limits.max_connections:
+            self._make_room()
+
+    def _idle(self) -> bool:
+        """No request in progress: headers not complete yet, or between kept-alive requests."""
+        return (not self.transport.is_closing() and not self.pipeline
+                and (self.cycle is None or self.cycle.response_complete))
+
+    def _make_room(self) -> None:
+        """Close the longest-idle other connection; refuse this one if every other is busy."""
+        idle = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol) and c._idle()]
+        if not idle:
+            self._pressure.note("connections refused (every connection busy; --max-connections)", self.loop.time())
+            self._refuse(503, "the server is at its connection limit (--max-connections) and every connection has "
+                              "a request in progress; retry later", log=False)
+            return
+        self._pressure.note("idle connections closed to make room (--max-connections)", self.loop.time())
+        min(idle, key=lambda c: c._idle_since)._evict()
+
+    def _evict(self) -> None:
+        if self._awaiting_headers:    # nothing, or a request whose headers never came
+            self._refuse(503, "the server is at its connection limit (--max-connections) and this connection had "
+                              "sent no complete request for the longest; it was closed to serve others", log=False)
+        else:                         # kept alive between requests: close as the keep-alive timeout would
+            self._unset_keepalive_if_required()
+            self.transport.close()
+        self.connections.discard(self)   # its slot is free now (connection_lost follows on the next loop turn)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._idle_since = self.loop.time()
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
@@ -144,7 +208,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle, app) -> None:
         if _REFUSAL in cycle.scope:
             app = _too_large
-        elif app is service_unavailable:  # uvicorn's plain-text answer when limit_concurrency is exceeded
+        elif self._max_requests is not None and len(self.tasks) >= self._max_requests:
+            self._pressure.note("requests refused (--limit-concurrency)", self.loop.time())
             app = _busy
         super()._start_asgi_task(cycle, app)
 
@@ -165,10 +230,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:  # uvicorn's answer to bytes that are not HTTP
         self._refuse(400, f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})")
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str, log: bool = True) -> None:
         self._cancel_header_timer()
         self._awaiting_headers = False
-        log_refusal(status, message, self.client)
+        if log:
+            log_refusal(status, message, self.client)
         if self.cycle is None or self.cycle.response_complete:  # nothing else is being written
             body = error_body(message)
             self.transport.write(b"".join([
@@ -182,8 +248,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_factory(limits: EdgeLimits):
     """The ``http`` setting of ``uvicorn.Config`` that applies ``limits``."""
 
+    pressure = _PressureLog()   # one per server
+
     def make(*args, **kwargs):
-        return GuardedHttpToolsProtocol(*args, limits=limits, **kwargs)
+        return GuardedHttpToolsProtocol(*args, limits=limits, pressure=pressure, **kwargs)
 
     return make
 

@@ -336,8 +336,9 @@ def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str =
     ``cache_dir`` defaults to ``$ASCENDC_PACK_RUNTIME_CACHE`` or
     ``~/.cache/ascendc_pack_runtime``; ``verify="full"`` rehashes every member of an earlier
     extraction before reusing it (libraries are always rehashed). ``trusted_keys`` (public keys
-    ``ed25519:<hex>`` or key files; default ``$ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``) refuses any
-    bundle not signed by one of them, before anything is extracted or loaded. Raises a
+    ``ed25519:<hex>`` or key files; default ``$ASCENDC_PACK_RUNTIME_TRUSTED_KEYS``, refused when
+    set but empty) refuses any bundle not signed by one of them, before anything is extracted or
+    loaded, and rehashes every member of an earlier extraction (weights included). Raises a
     :class:`~ascendc_pack_runtime.errors.BundleError` subclass that names the problem and the fix.
 
     ``threads`` caps every call at that many threads: the fused kernels (at most their tuned

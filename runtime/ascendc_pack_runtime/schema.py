@@ -54,7 +54,9 @@ def _parse_int(text: str):
     return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else _BigInt(text)
 
 
-def _object(pairs: list) -> dict:
+def unique_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` of ``json.loads`` that refuses a duplicate key (ValueError), as the
+    C++ reader does: both always read the same value."""
     d = {}
     for k, v in pairs:
         if k in d:
@@ -71,7 +73,7 @@ def loads(data: bytes, where: str = MANIFEST_NAME) -> dict:
     duplicate key is refused (the C++ reader refuses it too: both always read the same value)."""
     try:
         value = json.loads(data.decode("utf-8"), parse_int=_parse_int, parse_constant=_NonFinite,
-                           object_pairs_hook=_object)
+                           object_pairs_hook=unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ManifestJSONError(f"{where} is not valid JSON ({str(e)[:200]}); the bundle is corrupt: {REBUILD}",
                                 member=MANIFEST_NAME, fix=REBUILD) from None
@@ -174,4 +176,4 @@ class Fields:
 
 
 
-__all__ = ["loads", "field_error", "Fields", "is_int", "show", "MAX_COUNT"]
+__all__ = ["loads", "unique_keys", "field_error", "Fields", "is_int", "show", "MAX_COUNT"]

@@ -50,15 +50,20 @@ class ServeOptions:
     keep_alive_s: float = 15.0
     """An idle kept-alive connection is closed after this (behind a proxy: above its idle timeout)."""
     limit_concurrency: int = 64
-    """Connections plus requests in flight; beyond it uvicorn answers 503."""
+    """Requests in progress; beyond it a request gets 503 at once. Idle connections do not count
+    (:mod:`.http_edge`)."""
+    max_connections: int = 512
+    """Open connections; one more closes the connection that has been idle longest (no request in
+    progress), so idle sockets cannot starve the server (:mod:`.http_edge`)."""
     max_header_bytes: int = 64 * 1024
 
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
         check_threads(self.threads)
-        if not isinstance(self.limit_concurrency, int) or self.limit_concurrency < 1:
-            raise ValueError(f"limit_concurrency must be an integer >= 1, got {self.limit_concurrency!r}")
+        for name in ("limit_concurrency", "max_connections"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.max_body_bytes is not None and self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes!r}")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
@@ -105,7 +110,7 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
                                       platform=platform, cache_dir=cache_dir, threads=threads)
     limits = EdgeLimits(max_body_bytes=options.max_body_bytes or default_max_body_bytes(model.input_bytes),
                         header_timeout_s=options.header_timeout_s, body_timeout_s=options.body_timeout_s,
-                        max_header_bytes=options.max_header_bytes)
+                        max_header_bytes=options.max_header_bytes, max_connections=options.max_connections)
     server = ModelServer(http_port=options.port, enable_grpc=False, workers=1, enable_latency_logging=False)
     server.dataplane = kserve_app.AscpackDataPlane(model_registry=server.registered_models)
     server.register_model(model)
@@ -127,12 +132,12 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     threading.Thread(target=load_in_background, name="ascpack-load", daemon=True).start()
     server.register_signal_handler()
     logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), %s, body limit %d bytes, "
-                "header/body timeouts %g/%g s, concurrency limit %d); %s", bundle, model.name, options.host,
-                options.port, options.workers,
+                "header/body timeouts %g/%g s, at most %d requests in progress and %d connections); %s", bundle,
+                model.name, options.host, options.port, options.workers,
                 f"at most {model.threads} thread(s) each" if model.threads else
                 "no thread cap" + (f" ({model.threads_note})" if model.threads_note else ""),
                 limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s, options.limit_concurrency,
-                WAIT_POLICY.describe())
+                options.max_connections, WAIT_POLICY.describe())
     try:
         asyncio.run(server._serve())
     finally:
@@ -156,11 +161,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--body-timeout", type=float, default=d.body_timeout_s)
     p.add_argument("--keep-alive", type=float, default=d.keep_alive_s)
     p.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency)
+    p.add_argument("--max-connections", type=int, default=d.max_connections)
     a = p.parse_args(argv)
     options = ServeOptions(host=a.host, port=a.port, workers=a.workers, threads=a.threads, access_log=not a.no_access_log,
                            max_body_bytes=None if a.max_body_mb is None else int(a.max_body_mb * 2**20),
                            header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
-                           keep_alive_s=a.keep_alive, limit_concurrency=a.limit_concurrency)
+                           keep_alive_s=a.keep_alive, limit_concurrency=a.limit_concurrency,
+                           max_connections=a.max_connections)
     serve(a.bundle, options, name=a.name)
 
 

@@ -8,8 +8,10 @@ a bundle that is unsigned, signed by another key, or whose manifest changed afte
 refused before anything is extracted or loaded. Verifying needs the ``cryptography`` package
 (extra ``sign``); signing lives in ``ascendc_pack.package.signing``.
 
-Key text: ``ed25519:<64 hex digits>`` (the raw 32-byte public key); a key file holds one or more
-such lines (``#`` comments allowed). A key's id is the first 16 hex digits of its sha256.
+Key text: ``ed25519:<64 hex digits>`` (the raw 32-byte public key); a key file (a regular file of
+at most ``MAX_KEY_FILE_BYTES``) holds one or more such lines (``#`` comments allowed). A key's id
+is the first 16 hex digits of its sha256. ``manifest.sig`` with a duplicate key is refused, as the
+C++ reader refuses it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .constants import SIGNATURE_NAME, TRUSTED_KEYS_ENV
+from .constants import MAX_KEY_FILE_BYTES, SIGNATURE_NAME, TRUSTED_KEYS_ENV
 from .errors import SignatureInvalidError, TrustPolicyError, UnsignedBundleError, UntrustedSignerError
+from .schema import unique_keys
 
 SIGNATURE_FORMAT = "ascpack-signature"
 SIGNATURE_VERSION = 1
@@ -52,19 +56,47 @@ def parse_key(text: str) -> bytes:
     return bytes.fromhex(m.group(1))
 
 
+_POLICY_FIX = "pass public keys as ed25519:<hex> or .pub files"
+
+
+def _policy_error(message: str, fix: str = _POLICY_FIX) -> TrustPolicyError:
+    return TrustPolicyError(f"{message}; fix the trust policy ({TRUSTED_KEYS_ENV} or trusted_keys=)",
+                            field=TRUSTED_KEYS_ENV, fix=fix)
+
+
+def read_key_file(path: str) -> str:
+    """The text of key file ``path``: a regular file of at most ``MAX_KEY_FILE_BYTES``, opened
+    without blocking (a FIFO never hangs the load), UTF-8; TrustPolicyError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise _policy_error(f"trusted key {path[:200]!r} is neither 'ed25519:<hex>' nor a readable key file "
+                            f"({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _policy_error(f"trusted key file {path[:200]} is not a regular file (a directory, device, FIFO or "
+                            "socket); a key file holds lines 'ed25519:<hex>'")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_KEY_FILE_BYTES + 1)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise _policy_error(f"trusted key file {path[:200]} is larger than {MAX_KEY_FILE_BYTES} bytes; a key file "
+                            "holds lines 'ed25519:<hex>' (72 bytes each)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _policy_error(f"trusted key file {path[:200]} is not UTF-8 text; a key file holds lines "
+                            "'ed25519:<hex>'") from None
+
+
 def _keys_of(entry: str | os.PathLike) -> list[bytes]:
     """The keys of one policy entry: a key text, or a file of key lines."""
     text = os.fspath(entry).strip()
+    if not text:
+        raise _policy_error("a trusted key is an empty string")
     if _KEY_RE.fullmatch(text):
         return [parse_key(text)]
-    try:
-        lines = Path(text).read_text().splitlines()
-    except OSError as e:
-        raise TrustPolicyError(f"trusted key {text[:200]!r} is neither 'ed25519:<hex>' nor a readable key file "
-                               f"({e.strerror or e}); fix the trust policy ({TRUSTED_KEYS_ENV} or trusted_keys=)",
-                               field=TRUSTED_KEYS_ENV, fix="pass public keys as ed25519:<hex> or .pub files") from None
     keys = []
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(read_key_file(text).splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if line:
             try:
@@ -77,6 +109,10 @@ def _keys_of(entry: str | os.PathLike) -> list[bytes]:
         raise TrustPolicyError(f"key file {text} holds no public key; fix the trust policy", field=TRUSTED_KEYS_ENV,
                                fix="fix the key file")
     return keys
+
+
+_EMPTY_ENV_FIX = (f"list the trusted public keys in {TRUSTED_KEYS_ENV} (ed25519:<hex> or .pub files, "
+                  f"comma-separated), or unset it to load without a trust policy")
 
 
 @dataclass(frozen=True)
@@ -93,16 +129,23 @@ class TrustPolicy:
     @staticmethod
     def resolve(trusted_keys: Iterable[str | os.PathLike] | None) -> TrustPolicy | None:
         """``trusted_keys`` when given (an empty list trusts nothing), else
-        ``ASCENDC_PACK_RUNTIME_TRUSTED_KEYS`` (comma-separated: ``:`` is part of a key) when set, else None
-        (no policy: signatures are neither required nor checked)."""
+        ``ASCENDC_PACK_RUNTIME_TRUSTED_KEYS`` (comma-separated: ``:`` is part of a key; empty items
+        are skipped) when set, else None (no policy: signatures are neither required nor checked).
+        Only an *unset* variable means no policy: set but naming no key (``""``, spaces, ``","``:
+        what ``KEYS=$UNSET`` writes) is a TrustPolicyError, never a silent "no policy"."""
         if trusted_keys is not None:
             if isinstance(trusted_keys, (str, os.PathLike)):
                 trusted_keys = [trusted_keys]
             return TrustPolicy.of(trusted_keys)
-        env = os.environ.get(TRUSTED_KEYS_ENV, "").strip()
-        if not env:
+        env = os.environ.get(TRUSTED_KEYS_ENV)
+        if env is None:
             return None
-        return TrustPolicy.of(e for e in env.split(",") if e.strip())
+        entries = [e for e in env.split(",") if e.strip()]
+        if not entries:
+            raise TrustPolicyError(f"{TRUSTED_KEYS_ENV} is set but names no key ({env[:40]!r}); an empty trust "
+                                   f"policy is refused rather than taken as no policy: {_EMPTY_ENV_FIX}",
+                                   field=TRUSTED_KEYS_ENV, fix=_EMPTY_ENV_FIX)
+        return TrustPolicy.of(entries)
 
     def describe(self) -> str:
         return ", ".join(sorted(key_id(k) for k in self.keys)) or "no key"
@@ -125,7 +168,7 @@ class Signature:
     def from_bytes(data: bytes) -> Signature:
         """Parse ``manifest.sig`` (SignatureInvalidError when malformed)."""
         try:
-            doc = json.loads(data.decode("utf-8"))
+            doc = json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)   # as strict as C++
             ok = (isinstance(doc, dict) and doc.get("format") == SIGNATURE_FORMAT
                   and doc.get("version") == SIGNATURE_VERSION and doc.get("algorithm") == ALGORITHM
                   and isinstance(doc.get("signature"), str) and bool(_SIG_RE.fullmatch(doc["signature"])))
@@ -174,4 +217,5 @@ def check_signature(manifest_bytes: bytes, signature: bytes | None, policy: Trus
     return key_id(sig.public_key)
 
 
-__all__ = ["TrustPolicy", "Signature", "check_signature", "parse_key", "key_text", "key_id", "SIGNATURE_FORMAT"]
+__all__ = ["TrustPolicy", "Signature", "check_signature", "parse_key", "key_text", "key_id", "read_key_file",
+           "SIGNATURE_FORMAT"]

@@ -13,9 +13,10 @@
 // Why an extracted directory: the bundle container (zstd + tar) is verified and unpacked by one
 // implementation (ascendc_pack_runtime.extract), content-addressed and atomic; a directory is
 // only there once everything checked out, and it carries the marker ".ascpack-verified". Before
-// it dlopen()s anything this header applies the rules of ascendc_pack/rt/extraction.hpp (a
-// private, symlink-free directory; the marker bound to manifest.json by its sha256; every member
-// a regular file of its size, and its sha256 with LoadOptions::verify_hashes), re-checks the
+// it dlopen()s anything this header applies the rules of ascendc_pack/rt/extraction.hpp (the
+// cache rules at every level; the marker bound to manifest.json by its sha256; every member a
+// private regular file of its size, and its sha256 with LoadOptions::verify_hashes or a trust
+// policy), re-checks the
 // manifest fields it reads with the Python reader's bounds (ascendc_pack/rt/manifest.hpp), the
 // host (CPU architecture and ISA features, torch release, C++ ABI), and re-hashes every library
 // right before loading it. Every refusal is an ascendc_pack::BundleError subclass whose message
@@ -68,16 +69,18 @@ struct TensorSpec {
 };
 
 struct LoadOptions {
-  bool verify_hashes = false;  // rehash every member (sha256) instead of checking sizes only;
-                               // libraries (graph.so, kernels) are always rehashed before dlopen
+  bool verify_hashes = false;  // rehash every member (sha256) instead of checking sizes only
+                               // (a trust policy always does); libraries (graph.so, kernels)
+                               // are always rehashed before dlopen
   bool check_host = true;      // ISA / architecture / torch / ABI checks (leave on)
   // The host's CPU feature flags for the ISA check; unset: read /proc/cpuinfo. Set it to check a
   // bundle against another machine's flags (or to test the refusal).
   std::optional<std::set<std::string>> host_cpu_flags;
   // Trust policy: public keys ("ed25519:<hex>") or key files; the bundle's manifest.sig must be a
-  // valid signature by one of them (an empty list trusts nothing). Unset: the environment
-  // variable ASCENDC_PACK_RUNTIME_TRUSTED_KEYS (','-separated), else no policy. Needs
-  // libcrypto at run time (rt/trust.hpp).
+  // valid signature by one of them (an empty list trusts nothing), and every member (weights
+  // included) is hashed against the signed manifest. Unset: the environment variable
+  // ASCENDC_PACK_RUNTIME_TRUSTED_KEYS (','-separated; set but naming no key is a TrustError),
+  // else no policy. Needs libcrypto at run time (rt/trust.hpp).
   std::optional<std::vector<std::string>> trusted_keys;
   // Thread cap of every run() (0: none): the fused kernels' threads (the graph's set_threads;
   // graphs built before it ignore it) and at::set_num_threads on the calling thread for the
@@ -230,12 +233,17 @@ class Model {
   std::optional<c10::OperatorHandle> run_op_, release_op_;
   int64_t handle_ = -1;
   int threads_ = 0;
+  bool hash_with_libcrypto_ = false;
 
   void load_impl(const std::string& dir_in, const LoadOptions& opt) {
     dir_ = dir_in;
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-    contract::Manifest m = verified_manifest(opt);
-    extraction::check_members(dir_, m, opt.verify_hashes);
+    // a trust policy hashes every member (weights included) against the signed manifest, with
+    // libcrypto's sha256 (loaded for the signature anyway)
+    std::optional<std::set<std::string>> policy = trust::resolve_policy(opt.trusted_keys);
+    hash_with_libcrypto_ = policy.has_value();
+    contract::Manifest m = verified_manifest(policy);
+    extraction::check_members(dir_, m, opt.verify_hashes || policy.has_value(), hash_with_libcrypto_);
     if (opt.check_host) check_host(m, opt);
     name_ = m.model_name;
     for (const auto& t : m.inputs) inputs_.push_back(detail::spec_of(t));
@@ -253,12 +261,11 @@ class Model {
       }
   }
 
-  // 1. a private, symlink-free extraction whose marker is bound to its manifest.json, signed by a
-  //    trusted key when a trust policy is set
-  contract::Manifest verified_manifest(const LoadOptions& opt) {
-    std::string parent = dir_.find('/') == std::string::npos ? "." : dir_.substr(0, dir_.rfind('/'));
+  // 1. a private, symlink-free extraction in a cache that passes the cache rules at every level,
+  //    whose marker is bound to its manifest.json, signed by a trusted key when a policy is set
+  contract::Manifest verified_manifest(const std::optional<std::set<std::string>>& policy) {
+    extraction::check_cache_path(extraction::dir_of(dir_));
     extraction::check_private_dir(dir_, "the extracted bundle");
-    extraction::check_private_dir(parent.empty() ? "/" : parent, "the runtime cache");
     extraction::Marker marker = extraction::read_marker(dir_);
     std::string text = extraction::read_file(dir_ + "/" + kManifestName, kMaxManifestBytes, kManifestName);
     if (detail::sha256_hex(text) != marker.manifest_sha256)
@@ -266,13 +273,14 @@ class Model {
                                  "sha256 differs from the marker's); the extraction was modified: " +
                                      std::string(extraction::kExtractAgain),
                                  kManifestName, "", extraction::kExtractAgain);
-    if (auto policy = trust::resolve_policy(opt.trusted_keys)) {
-      std::optional<std::string> sig;
-      struct stat st;
-      if (::lstat((dir_ + "/" + kSignatureName).c_str(), &st) == 0)
-        sig = extraction::read_file(dir_ + "/" + kSignatureName, 1 << 16, kSignatureName);
-      trust::check_signature(text, sig, *policy, dir_);
-    }
+    std::optional<std::string> sig;  // read (and held to the cache rules) whether or not a policy is set
+    struct stat st;
+    if (::lstat((dir_ + "/" + kSignatureName).c_str(), &st) == 0)
+      sig = extraction::read_file(dir_ + "/" + kSignatureName, 1 << 16, kSignatureName);
+    else if (errno != ENOENT)
+      throw CacheError("cannot read " + dir_ + "/" + kSignatureName + ": " + std::strerror(errno), kSignatureName, "",
+                       extraction::kExtractAgain);
+    if (policy) trust::check_signature(text, sig, *policy, dir_);
     detail::Json json;
     try {
       json = detail::JsonParser(text).parse();
@@ -351,7 +359,7 @@ class Model {
     {
       std::lock_guard<std::mutex> lock(detail::load_mutex());
       if (!c10::Dispatcher::singleton().findSchema({ns_ + "::run", ""})) {
-        for (const auto& name : m.libraries()) extraction::check_library(dir_, m, name);
+        for (const auto& name : m.libraries()) extraction::check_library(dir_, m, name, hash_with_libcrypto_);
         std::string path = dir_ + "/" + lib;
         void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (!h) {
@@ -362,7 +370,7 @@ class Model {
         // never dlclose: the dispatcher keeps pointers into the library
       } else {
         // graph.so is loaded already (same namespace); init() still dlopens this directory's kernels
-        for (const auto& k : m.kernels) extraction::check_library(dir_, m, k.file);
+        for (const auto& k : m.kernels) extraction::check_library(dir_, m, k.file, hash_with_libcrypto_);
       }
     }
     run_op_ = detail::find_op(ns_, "run");

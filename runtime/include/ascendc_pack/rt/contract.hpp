@@ -25,6 +25,7 @@ constexpr int64_t kMaxManifestBytes = int64_t(16) << 20;  // MAX_MANIFEST_BYTES
 constexpr int64_t kMaxMembers = 100000;                   // MAX_MEMBERS
 constexpr int64_t kMaxNameChars = 4096;                   // MAX_NAME_CHARS
 constexpr int64_t kMaxComponentChars = 255;               // MAX_COMPONENT_CHARS
+constexpr int64_t kMaxKeyFileBytes = int64_t(1) << 20;    // MAX_KEY_FILE_BYTES
 inline constexpr const char* kTrustedKeysEnv = "ASCENDC_PACK_RUNTIME_TRUSTED_KEYS";  // TRUSTED_KEYS_ENV
 inline constexpr const char* kRebuild = "rebuild the bundle with `ascendc-pack build`";  // REBUILD
 

@@ -1,14 +1,20 @@
 // ascendc_pack/rt/extraction.hpp - the rules an extracted bundle directory must pass before
-// the C++ API loads anything from it (the Python runtime applies the same ones; docs/FORMAT.md,
-// "The extraction"). No torch here.
+// the C++ API loads anything from it (the Python runtime applies the same ones:
+// ascendc_pack_runtime/cache_rules.py; docs/FORMAT.md, "The cache rules"). No torch here.
+// "Private": owned by this user or root, not writable by group or other.
 //
-//  * the directory and the cache holding it are real directories (no symlink), owned by this
-//    user or root, and not writable by group or other;
+//  * the way to the cache (the directory holding the extraction) is resolved one component at
+//    a time: every directory looked up is owned by this user or root and not writable by
+//    group/other unless sticky; every symlink followed is owned by this user or root; the cache
+//    itself is private (check_cache_path);
+//  * the extraction is a private real directory (no symlink);
 //  * the marker ".ascpack-verified" (written last by the Python runtime) names the bundle's
 //    sha256 and the sha256 of manifest.json as verified from the archive, and manifest.json
 //    still has that sha256;
-//  * every member is a regular file reached without a symlink, of its manifest size (and
-//    sha256 with verify_hashes); every library is re-hashed right before it is loaded;
+//  * every member, manifest.json, manifest.sig and the marker is a private regular file reached
+//    through private real directories, never a symlink; every member has its manifest size (and
+//    sha256 with verify_hashes or a trust policy); every library is re-hashed right before it is
+//    loaded;
 //  * the host has the bundle's architecture and ISA features.
 #ifndef ASCENDC_PACK_RT_EXTRACTION_HPP
 #define ASCENDC_PACK_RT_EXTRACTION_HPP
@@ -18,9 +24,12 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <limits.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -32,6 +41,7 @@
 #include "contract.hpp"
 #include "errors.hpp"
 #include "json.hpp"
+#include "libcrypto.hpp"
 #include "manifest.hpp"
 #include "sha256.hpp"
 
@@ -42,19 +52,66 @@ inline const char* kExtractAgain = "extract the bundle again with `python -m asc
 
 inline std::string errno_text(int err) { return std::strerror(err); }
 
-// Read a regular file (never through a symlink) of at most `limit` bytes.
-inline std::string read_file(const std::string& path, int64_t limit, const std::string& member) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+inline bool owned(const struct stat& st) { return st.st_uid == ::geteuid() || st.st_uid == 0; }
+
+inline std::string octal_mode(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%o", unsigned(mode & 07777));
+  return buf;
+}
+
+// `path` (its `st`) is private; CacheError naming `what` and the fix otherwise.
+inline void check_private(const std::string& path, const struct stat& st, const std::string& what,
+                          const std::string& fix = "use a cache directory you own") {
+  if (!owned(st))
+    throw CacheError(what + " " + path + " belongs to another user (uid " + std::to_string(st.st_uid) +
+                     "), who could replace the code or weights it holds; " + fix, "", "", fix);
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    throw CacheError(what + " " + path + " can be written by group or other users (mode " + octal_mode(st.st_mode) +
+                     "), who could replace the code or weights it holds; run `chmod "
+                     "go-w " + path + "` or " + fix, "", "", "chmod go-w " + path + " or " + fix);
+}
+
+inline std::string inside_fix(const std::string& dir) {
+  return "run `chmod -R go-w " + dir + "` if you changed it yourself, else delete " + dir + " and " + kExtractAgain;
+}
+
+inline std::string dir_of(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Open a file of the extraction: a private regular file, never through a symlink (O_NOFOLLOW),
+// without blocking (a FIFO put there never hangs the load). Returns the descriptor.
+inline int open_private(const std::string& path, const std::string& member, struct stat& st) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     throw BundleIntegrityError("cannot open " + path + ": " + errno_text(err) + "; " + kExtractAgain, member, "",
                                kExtractAgain);
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > limit) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw BundleIntegrityError(path + " is not a regular file of at most " + std::to_string(limit) + " bytes; " +
-                                   kExtractAgain, member, "", kExtractAgain);
+    throw BundleIntegrityError(path + " is not a regular file; " + std::string(kExtractAgain), member, "",
+                               kExtractAgain);
+  }
+  try {
+    check_private(path, st, "a file of the extraction", inside_fix(dir_of(path)));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+
+// Read a private regular file of the extraction of at most `limit` bytes.
+inline std::string read_file(const std::string& path, int64_t limit, const std::string& member) {
+  struct stat st;
+  int fd = open_private(path, member, st);
+  if (st.st_size > limit) {
+    ::close(fd);
+    throw BundleIntegrityError(path + " is larger than " + std::to_string(limit) + " bytes; " + kExtractAgain, member,
+                               "", kExtractAgain);
   }
   std::string out(size_t(st.st_size), '\0');
   size_t got = 0;
@@ -69,13 +126,16 @@ inline std::string read_file(const std::string& path, int64_t limit, const std::
   return out;
 }
 
-// The sha256 of a regular file opened without following a symlink.
-inline std::string sha256_nofollow(const std::string& path, const std::string& member) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    int err = errno;
-    throw BundleIntegrityError("cannot open " + path + ": " + errno_text(err) + "; " + kExtractAgain, member, "",
-                               kExtractAgain);
+// The sha256 of a private regular file of the extraction. `libcrypto`: hash with OpenSSL's
+// libcrypto when it can be loaded (it is under a trust policy), else the portable rt/sha256.hpp.
+inline std::string sha256_nofollow(const std::string& path, const std::string& member, bool libcrypto = false) {
+  struct stat st;
+  int fd = open_private(path, member, st);
+  if (libcrypto && detail::LibCrypto::get().has_sha256()) {
+    std::optional<std::string> hex = detail::LibCrypto::get().sha256_fd(fd);
+    ::close(fd);
+    if (!hex) throw BundleIntegrityError("cannot read " + path, member, "", kExtractAgain);
+    return *hex;
   }
   detail::Sha256 h;
   std::vector<uint8_t> buf(1 << 20);
@@ -93,8 +153,7 @@ inline std::string sha256_nofollow(const std::string& path, const std::string& m
   return h.hex();
 }
 
-// A directory nobody but this user (or root) can change: not a symlink, owner this user or
-// root, no group/other write permission.
+// A directory nobody but this user (or root) can change: not a symlink, private.
 inline void check_private_dir(const std::string& path, const std::string& what) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
@@ -108,14 +167,76 @@ inline void check_private_dir(const std::string& path, const std::string& what) 
   if (!S_ISDIR(st.st_mode))
     throw BundleNotFoundError(path + " is not a directory; pass a directory printed by "
                               "`python -m ascendc_pack_runtime extract BUNDLE`", "", "", "extract the bundle first");
-  if (st.st_uid != ::geteuid() && st.st_uid != 0)
-    throw CacheError(what + " " + path + " belongs to another user (uid " + std::to_string(st.st_uid) +
-                     "), who could replace the code it holds; extract the bundle into a cache of your own",
-                     "", "", "use a cache directory you own");
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    throw CacheError(what + " " + path + " can be written by group or other users, who could replace the code it "
-                     "holds; run `chmod go-w " + path + "` or use another cache directory",
-                     "", "", "chmod go-w the directory or use another cache");
+  check_private(path, st, what, "extract the bundle into a cache of your own");
+}
+
+// The cache holding an extraction (`path`, which may be or pass through a symlink): resolved one
+// component at a time like the kernel does; every directory looked up is this user's or root's
+// and not writable by group/other unless sticky, every symlink followed is this user's or
+// root's, and the cache itself is private. The Python runtime applies the same walk.
+inline void check_cache_path(const std::string& path) {
+  const std::string fix = "use a cache under directories of your own or root's (ASCENDC_PACK_RUNTIME_CACHE)";
+  std::string full = path;
+  if (full.empty() || full[0] != '/') {
+    char cwd[PATH_MAX];
+    if (!::getcwd(cwd, sizeof cwd)) throw CacheError("cannot resolve " + path + ": " + errno_text(errno), "", "", fix);
+    full = std::string(cwd) + "/" + full;
+  }
+  std::vector<std::string> todo;  // components left, the next one last
+  auto push_components = [&todo](const std::string& p) {
+    std::vector<std::string> parts;
+    std::stringstream ss(p);
+    for (std::string c; std::getline(ss, c, '/');)
+      if (!c.empty()) parts.push_back(c);
+    todo.insert(todo.end(), parts.rbegin(), parts.rend());
+  };
+  push_components(full);
+  std::string cur = "/";
+  std::set<std::string> checked;
+  int links = 0;
+  auto fail = [&](const std::string& p, const std::string& problem) {
+    throw CacheError("the runtime cache is not safe: " + p + " " + problem + "; " + fix, "", "", fix);
+  };
+  while (!todo.empty()) {
+    std::string part = todo.back();
+    todo.pop_back();
+    if (part == ".") continue;
+    if (part == "..") {
+      cur = dir_of(cur);  // cur is a real directory: its parent was looked up on the way
+      continue;
+    }
+    struct stat st;
+    if (!checked.count(cur)) {
+      if (::stat(cur.c_str(), &st) != 0) fail(cur, "cannot be read (" + errno_text(errno) + ")");
+      if (!owned(st)) fail(cur, "(a directory on the way to the cache) belongs to another user (uid " +
+                                    std::to_string(st.st_uid) + "), who could rename the cache");
+      if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+        fail(cur, "(a directory above the cache) can be written by group or other users and is not sticky: they "
+                  "could rename the cache");
+      checked.insert(cur);
+    }
+    std::string next = (cur == "/" ? "" : cur) + "/" + part;
+    if (::lstat(next.c_str(), &st) != 0)
+      throw BundleNotFoundError(next + ": " + errno_text(errno) + "; pass a directory printed by "
+                                "`python -m ascendc_pack_runtime extract BUNDLE`", "", "", "extract the bundle first");
+    if (S_ISLNK(st.st_mode)) {
+      if (!owned(st)) fail(next, "(a symbolic link on the way to the cache) belongs to another user (uid " +
+                                     std::to_string(st.st_uid) + "), who could point it elsewhere");
+      if (++links > 40) fail(path, "has too many levels of symbolic links");
+      std::vector<char> target(PATH_MAX + 1);
+      ssize_t n = ::readlink(next.c_str(), target.data(), PATH_MAX);
+      if (n < 0) fail(next, "cannot be read (" + errno_text(errno) + ")");
+      std::string t(target.data(), size_t(n));
+      push_components(t);
+      if (!t.empty() && t[0] == '/') cur = "/";
+      continue;
+    }
+    if (!S_ISDIR(st.st_mode)) fail(next, "is not a directory");
+    cur = next;
+  }
+  struct stat st;
+  if (::stat(cur.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) fail(cur, "is not a directory");
+  check_private(path, st, "the runtime cache", fix);
 }
 
 struct Marker {
@@ -125,8 +246,10 @@ struct Marker {
 inline Marker read_marker(const std::string& dir) {
   std::string path = dir + "/" + kVerifiedMarker;
   detail::Json mk;
-  try {
+  try {  // a marker that breaks the cache rules is a CacheError: it propagates as one
     mk = detail::JsonParser(read_file(path, 1 << 16, kVerifiedMarker)).parse();
+  } catch (const CacheError&) {
+    throw;
   } catch (const std::exception& e) {
     throw BundleIntegrityError(dir + " is not a verified extraction (" + e.what() + "); " + kExtractAgain +
                                    " and pass the directory it prints", kVerifiedMarker, "", kExtractAgain);
@@ -145,8 +268,10 @@ inline Marker read_marker(const std::string& dir) {
   return m;
 }
 
-// Every member: a regular file reached without a symlink, of its manifest size (and sha256).
-inline void check_members(const std::string& dir, const contract::Manifest& m, bool verify_hashes) {
+// Every member: a private regular file reached through private real directories, of its
+// manifest size (and sha256 with verify_hashes; `libcrypto`: see sha256_nofollow).
+inline void check_members(const std::string& dir, const contract::Manifest& m, bool verify_hashes,
+                          bool libcrypto = false) {
   std::set<std::string> dirs_ok;  // sub-directories already checked (each once: linear in the names)
   for (const auto& [name, info] : m.members) {
     for (size_t slash = name.find('/'); slash != std::string::npos; slash = name.find('/', slash + 1)) {
@@ -157,6 +282,7 @@ inline void check_members(const std::string& dir, const contract::Manifest& m, b
       if (::lstat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
         throw BundleIntegrityError(dir + ": '" + sub + "' is missing, a symbolic link or not a directory; the "
                                    "extraction was modified: " + kExtractAgain, name, "", kExtractAgain);
+      check_private(p, st, "a directory of the extraction", inside_fix(dir));
       dirs_ok.insert(sub);
     }
     std::string p = dir + "/" + name;
@@ -164,20 +290,22 @@ inline void check_members(const std::string& dir, const contract::Manifest& m, b
     if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
       throw BundleIntegrityError(dir + ": member '" + name + "' is missing or not a regular file (a symbolic link?); the "
                                  "extraction was modified: " + kExtractAgain, name, "", kExtractAgain);
+    check_private(p, st, "a file of the extraction", inside_fix(dir));
     if (int64_t(st.st_size) != info.size)
       throw BundleIntegrityError(dir + ": member '" + name + "' is " + std::to_string(st.st_size) + " bytes, the manifest says " +
                                      std::to_string(info.size) + "; the extraction was modified: " + kExtractAgain,
                                  name, "", kExtractAgain);
-    if (verify_hashes && sha256_nofollow(p, name) != info.sha256)
+    if (verify_hashes && sha256_nofollow(p, name, libcrypto) != info.sha256)
       throw BundleIntegrityError(dir + ": member '" + name + "' does not match its sha256; the extraction was modified: " +
                                      kExtractAgain, name, "", kExtractAgain);
   }
 }
 
 // Right before dlopen: a library must still have the sha256 the verified manifest names.
-inline void check_library(const std::string& dir, const contract::Manifest& m, const std::string& name) {
+inline void check_library(const std::string& dir, const contract::Manifest& m, const std::string& name,
+                          bool libcrypto = false) {
   const contract::Member* info = m.member(name);
-  if (!info || sha256_nofollow(dir + "/" + name, name) != info->sha256)
+  if (!info || sha256_nofollow(dir + "/" + name, name, libcrypto) != info->sha256)
     throw CacheError(dir + ": library '" + name + "' does not match the sha256 of the verified manifest; it was "
                      "modified after extraction: " + kExtractAgain, name, "", kExtractAgain);
 }

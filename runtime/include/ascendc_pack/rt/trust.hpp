@@ -3,17 +3,20 @@
 // "Signatures"; the Python side is ascendc_pack_runtime/trust.py).
 //
 // Dependency: ed25519 comes from OpenSSL's libcrypto (1.1.1 or 3.x), opened with dlopen() only
-// when a trust policy is set, so programs that do not use signatures neither link nor need it
-// (no -lcrypto, no OpenSSL headers). Without libcrypto a policy cannot be enforced: the load is
-// refused with a TrustError that says so (never silently accepted).
+// when a trust policy is set (rt/libcrypto.hpp), so programs that do not use signatures neither
+// link nor need it (no -lcrypto, no OpenSSL headers). Without libcrypto a policy cannot be
+// enforced: the load is refused with a TrustError that says so (never silently accepted).
 #ifndef ASCENDC_PACK_RT_TRUST_HPP
 #define ASCENDC_PACK_RT_TRUST_HPP
 
-#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -23,6 +26,7 @@
 #include "contract.hpp"
 #include "errors.hpp"
 #include "json.hpp"
+#include "libcrypto.hpp"
 
 namespace ascendc_pack {
 namespace trust {
@@ -63,14 +67,44 @@ inline std::optional<std::string> parse_key(const std::string& text) {
                    kTrustedKeysEnv, "pass public keys as ed25519:<hex> or .pub files");
 }
 
+// The text of key file `path`: a regular file of at most kMaxKeyFileBytes, opened without
+// blocking (a FIFO never hangs the load); TrustError otherwise.
+inline std::string read_key_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    policy_error("trusted key '" + path.substr(0, 200) + "' is neither 'ed25519:<hex>' nor a readable key file (" +
+                 std::strerror(err) + ")");
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    policy_error("trusted key file " + path.substr(0, 200) + " is not a regular file (a directory, device, FIFO or "
+                 "socket); a key file holds lines 'ed25519:<hex>'");
+  }
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || int64_t(text.size()) + n > kMaxKeyFileBytes) {
+      ::close(fd);
+      policy_error("trusted key file " + path.substr(0, 200) + (n < 0 ? " cannot be read" : " is larger than " +
+                   std::to_string(kMaxKeyFileBytes) + " bytes") + "; a key file holds lines 'ed25519:<hex>'");
+    }
+    text.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return text;
+}
+
 // The keys of one policy entry: a key text, or a file of key lines ('#' comments allowed).
 inline void add_entry(const std::string& entry, std::set<std::string>& keys) {
+  if (trim(entry).empty()) policy_error("a trusted key is an empty string");
   if (auto k = parse_key(entry)) {
     keys.insert(*k);
     return;
   }
-  std::ifstream in(trim(entry));
-  if (!in) policy_error("trusted key '" + trim(entry).substr(0, 200) + "' is neither 'ed25519:<hex>' nor a readable key file");
+  std::stringstream in(read_key_file(trim(entry)));
   size_t found = 0;
   for (std::string line; std::getline(in, line);) {
     line = trim(line.substr(0, line.find('#')));
@@ -84,79 +118,38 @@ inline void add_entry(const std::string& entry, std::set<std::string>& keys) {
 }
 
 // The policy: `explicit_keys` when given (an empty list trusts nothing), else the environment
-// variable (','-separated: ':' is part of a key) when set and not empty, else nullopt (no policy).
+// variable (','-separated: ':' is part of a key; empty items skipped) when set, else nullopt
+// (no policy). Only an unset variable means no policy: set but naming no key ("", spaces, ",":
+// what KEYS=$UNSET writes) is a TrustError, never a silent "no policy".
 inline std::optional<std::set<std::string>> resolve_policy(const std::optional<std::vector<std::string>>& explicit_keys) {
   std::vector<std::string> entries;
   if (explicit_keys) {
     entries = *explicit_keys;
   } else {
     const char* env = std::getenv(kTrustedKeysEnv);
-    if (!env || trim(env).empty()) return std::nullopt;
+    if (!env) return std::nullopt;
     std::stringstream ss(env);
     for (std::string e; std::getline(ss, e, ',');)
       if (!trim(e).empty()) entries.push_back(e);
+    if (entries.empty())
+      throw TrustError(std::string(kTrustedKeysEnv) + " is set but names no key ('" + std::string(env).substr(0, 40) +
+                           "'); an empty trust policy is refused rather than taken as no policy: list the trusted "
+                           "public keys in it (ed25519:<hex> or .pub files, comma-separated), or unset it to load "
+                           "without a trust policy", "", kTrustedKeysEnv, "list trusted keys or unset the variable");
   }
   std::set<std::string> keys;
   for (const auto& e : entries) add_entry(e, keys);
   return keys;
 }
 
-// ed25519 verification through libcrypto, opened on first use.
-class Ed25519 {
- public:
-  static const Ed25519& get() {
-    static const Ed25519 instance;
-    return instance;
-  }
-  bool available() const { return verify_ != nullptr; }
-  // 1: valid, 0: invalid, -1: error
-  int verify(const std::string& key, const std::string& sig, const std::string& msg) const {
-    void* pkey = new_raw_public_(kEvpPkeyEd25519, nullptr, reinterpret_cast<const unsigned char*>(key.data()), key.size());
-    if (!pkey) return -1;
-    void* ctx = md_ctx_new_();
-    int rc = -1;
-    if (ctx && verify_init_(ctx, nullptr, nullptr, nullptr, pkey) == 1)
-      rc = verify_(ctx, reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
-                   reinterpret_cast<const unsigned char*>(msg.data()), msg.size()) == 1 ? 1 : 0;
-    if (ctx) md_ctx_free_(ctx);
-    pkey_free_(pkey);
-    return rc;
-  }
-
- private:
-  static constexpr int kEvpPkeyEd25519 = 1087;  // NID_ED25519 (OpenSSL ABI constant)
-  using NewRawPub = void* (*)(int, void*, const unsigned char*, size_t);
-  using CtxNew = void* (*)();
-  using VerifyInit = int (*)(void*, void**, const void*, void*, void*);
-  using Verify = int (*)(void*, const unsigned char*, size_t, const unsigned char*, size_t);
-  using Free = void (*)(void*);
-  NewRawPub new_raw_public_ = nullptr;
-  CtxNew md_ctx_new_ = nullptr;
-  VerifyInit verify_init_ = nullptr;
-  Verify verify_ = nullptr;
-  Free md_ctx_free_ = nullptr, pkey_free_ = nullptr;
-
-  Ed25519() {
-    void* lib = nullptr;
-    for (const char* name : {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.so"})
-      if ((lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
-    if (!lib) return;
-    new_raw_public_ = reinterpret_cast<NewRawPub>(::dlsym(lib, "EVP_PKEY_new_raw_public_key"));
-    md_ctx_new_ = reinterpret_cast<CtxNew>(::dlsym(lib, "EVP_MD_CTX_new"));
-    verify_init_ = reinterpret_cast<VerifyInit>(::dlsym(lib, "EVP_DigestVerifyInit"));
-    md_ctx_free_ = reinterpret_cast<Free>(::dlsym(lib, "EVP_MD_CTX_free"));
-    pkey_free_ = reinterpret_cast<Free>(::dlsym(lib, "EVP_PKEY_free"));
-    Verify v = reinterpret_cast<Verify>(::dlsym(lib, "EVP_DigestVerify"));
-    if (new_raw_public_ && md_ctx_new_ && verify_init_ && md_ctx_free_ && pkey_free_) verify_ = v;
-  }
-};
-
 // Enforce `policy` on manifest bytes and the content of manifest.sig (nullopt: unsigned).
 // Returns the signer's raw public key.
 inline std::string check_signature(const std::string& manifest, const std::optional<std::string>& sig_text,
                                    const std::set<std::string>& policy, const std::string& where) {
   if (!sig_text)
-    throw TrustError(where + " is not signed (no manifest.sig) and a trust policy is set; refusing to load it: " + kSignFix,
+    throw TrustError(where + " is not signed (no manifest.sig) and a trust policy is set; refusing to load it: " + kSignFix +
+                         " (if the bundle is signed and manifest.sig was deleted from the cache, `python -m "
+                         "ascendc_pack_runtime extract BUNDLE` restores it)",
                      kSignatureName, "", kSignFix);
   detail::Json doc;
   try {
@@ -178,11 +171,11 @@ inline std::string check_signature(const std::string& manifest, const std::optio
   if (!policy.count(*key))
     throw TrustError(where + " is signed by a key the trust policy does not list (public key " + text("public_key") +
                          "); refusing to load it: " + kSignFix, kSignatureName, "", kSignFix);
-  const Ed25519& ed = Ed25519::get();
-  if (!ed.available())
+  const detail::LibCrypto& ed = detail::LibCrypto::get();
+  if (!ed.has_ed25519())
     throw TrustError("a trust policy is set but libcrypto (OpenSSL 1.1.1 or 3) cannot be loaded to verify ed25519 "
                      "signatures; install OpenSSL's libcrypto", kSignatureName, "", "install libcrypto");
-  int rc = ed.verify(*key, sig, manifest);
+  int rc = ed.verify_ed25519(*key, sig, manifest);
   if (rc != 1)
     throw TrustError(where + ": the ed25519 signature does not match manifest.json (the manifest was changed after "
                          "signing); refusing to load it: " + kSignFix, kSignatureName, "", kSignFix);
