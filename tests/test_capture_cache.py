@@ -267,6 +267,12 @@ def test_an_attribute_that_cannot_be_fingerprinted_disables_reuse_and_says_why(t
     plain = WithOpaque()
     plain.thing = (object(),)
     assert capture_key(plain, (x,), "m", None) is None
+    plain.thing = {torch.nn.Identity(), torch.nn.Identity()}   # a set of objects: no stable order
+    assert capture_key(plain, (x,), "m", None) is None
+    plain.thing = {"b": 1, "a": (2, "x")}                       # plain keys: order-free
+    same = capture_key(plain, (x,), "m", None)
+    plain.thing = {"a": (2, "x"), "b": 1}
+    assert same is not None and capture_key(plain, (x,), "m", None) == same
 
 
 class ReadsEnv(torch.nn.Module):

@@ -218,12 +218,13 @@ class _Fingerprint:
             for i, item in enumerate(v):
                 self.value(item, f"{where}[{i}]")
         elif isinstance(v, (set, frozenset)):
-            put(type(v).__qualname__, len(v))
-            for item in sorted(v, key=repr):
-                self.value(item, f"{where} item")
+            if not all(isinstance(item, _BY_REPR) for item in v):   # no order that holds across processes
+                raise Unfingerprintable(f"{where} is a set of objects (its order changes from process to process)")
+            put(type(v).__qualname__, len(v), *sorted(repr(item) for item in v))
         elif isinstance(v, dict):
             put(type(v).__qualname__, len(v))
-            for k, item in sorted(v.items(), key=lambda kv: repr(kv[0])):
+            plain = all(isinstance(k, _BY_REPR) for k in v)   # else: insertion order, as the code built it
+            for k, item in (sorted(v.items(), key=lambda kv: repr(kv[0])) if plain else v.items()):
                 self.value(k, f"{where} key")
                 self.value(item, f"{where}[{k!r}]")
         elif isinstance(v, types.ModuleType):
