@@ -269,6 +269,13 @@ def test_an_attribute_that_cannot_be_fingerprinted_disables_reuse_and_says_why(t
     assert capture_key(plain, (x,), "m", None) is None
     plain.thing = {torch.nn.Identity(), torch.nn.Identity()}   # a set of objects: no stable order
     assert capture_key(plain, (x,), "m", None) is None
+    deep = []
+    for _ in range(5000):                                       # a chain too deep to walk
+        deep = [deep]
+    plain.thing = deep
+    assert capture_key(plain, (x,), "m", None) is None
+    plain.thing = torch.eye(3).to_sparse()
+    assert capture_key(plain, (x,), "m", None) is None
     plain.thing = {"b": 1, "a": (2, "x")}                       # plain keys: order-free
     same = capture_key(plain, (x,), "m", None)
     plain.thing = {"a": (2, "x"), "b": 1}

@@ -114,7 +114,7 @@ def capture_key(module: torch.nn.Module, example_inputs: tuple, name: str,
             fingerprint.module_attributes(sub, prefix or "model")
         for cls in sorted({type(sub) for sub in modules.values()}, key=lambda c: (c.__module__, c.__qualname__)):
             fingerprint.class_globals(cls)
-    except Unfingerprintable as exc:
+    except (Unfingerprintable, RecursionError) as exc:   # RecursionError: a reference chain too deep to walk
         log.debug("capture cache: model %r is captured every time: %s", name, exc)
         return None
     for fqn, t in _tensors(module).items():
@@ -212,7 +212,10 @@ class _Fingerprint:
         self.alive.append(v)
         if isinstance(v, torch.Tensor):
             t = v.detach()
-            put("tensor", t.dtype, tuple(t.shape), tuple(t.stride()), t.device.type, _digest(t.cpu()))
+            if t.layout != torch.strided or t.is_quantized:
+                raise Unfingerprintable(f"{where} is a {t.layout} tensor whose bytes are not hashed")
+            data = b"" if t.device.type == "meta" else _digest(t.cpu())
+            put("tensor", t.dtype, tuple(t.shape), tuple(t.stride()), t.device.type, data)
         elif isinstance(v, (tuple, list)):
             put(type(v).__qualname__, len(v))
             for i, item in enumerate(v):
