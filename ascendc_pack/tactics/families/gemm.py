@@ -12,7 +12,7 @@ launch, its B packed at load by the library's ``ap_gemm_pack_b``, and its librar
 member like every kernel (listed in ``manifest.kernels``, re-hashed before ``dlopen``).
 
 A 1x1 convolution (stride 1, no padding, one group) is the same GEMM on channels_last rows
-(:class:`ConvGemmTactic`): A = ``x`` as [N*H*W, C] rows (a view of a channels_last ``x``, a copy
+(a ``KernelTactic`` of family ``gemm`` with ``extra["conv"]``): A = ``x`` as [N*H*W, C] rows (a view of a channels_last ``x``, a copy
 of an NCHW one), B = the weight as [O, C] with an eval BatchNorm folded in at build, C = the
 output's [N*H*W, O] rows, which *is* the channels_last [N, O, H, W] output (a view). It is a
 candidate of the chain's channels_last configuration (``out_layout`` channels_last), with at most
