@@ -311,3 +311,16 @@ def test_design_citations_name_sections_that_exist():
                 bad += [f"{where}: §{s} is not a section of docs/DESIGN.md" for s in _SECTION.findall(line)
                         if s not in sections]
     assert not bad, "\n".join(bad)
+
+
+def test_design_lists_every_template_and_shared_header():
+    """docs/DESIGN.md §1.2's layout table names every template (its `templates/` row) and every
+    header at the top of runtime/include/ascendc_pack/ (its headers row)."""
+    rows = {line.split("|")[1].strip(): line for line in DESIGN.read_text().splitlines()
+            if line.startswith("| `templates/`") or line.startswith("| `runtime/include/ascendc_pack/`")}
+    templates_row, headers_row = rows["`templates/`"], rows["`runtime/include/ascendc_pack/`"]
+    missing = [str(p.relative_to(ROOT / "templates")) for p in sorted((ROOT / "templates").rglob("*.j2"))
+               if p.name.split(".")[0] not in templates_row and f"{p.parent.name}/*.j2" not in templates_row]
+    missing += [p.name for p in sorted((ROOT / "runtime" / "include" / "ascendc_pack").glob("*.h*"))
+                if p.name not in headers_row]
+    assert not missing, f"docs/DESIGN.md §1.2 does not list {missing}"
