@@ -14,8 +14,9 @@ with eager by the project's accuracy rule (``ascendc_pack.frontend.check.compare
 Each sample ends as one of: ``match``; ``wrong`` (ran, differs from eager); ``crash`` (the
 compiled callable raised); ``refused`` (compile refused with a typed ascendc-pack error, e.g. an
 op torch.export cannot capture); ``eager-fails`` (the sample raises in eager too) and ``random``
-(two eager runs with different seeds disagree, e.g. ``rrelu`` in training mode: no single right
-answer), neither counted. An output that misses the tolerances gets the accuracy rule's second
+(two eager runs with different seeds disagree, or - for ops that seed themselves, as OpInfo's
+``rrelu`` does - the captured graph draws random numbers: an ATen op tagged
+``nondeterministic_seeded``; no single right answer), neither counted. An output that misses the tolerances gets the accuracy rule's second
 look against a float64 run of the sample, as ``build``'s own check does.
 The conformance rate is match / (match + wrong + crash): a clear refusal is not a wrong answer,
 and refusals are listed separately. Needs ``expecttest`` (PyTorch's OpInfo database imports it).
@@ -90,6 +91,20 @@ def _float64(module, inputs):
         return None
 
 
+def _draws_random_numbers(module, inputs) -> bool:
+    """Whether the captured graph calls an ATen op tagged ``nondeterministic_seeded``."""
+    from ascendc_pack.frontend.capture import capture
+    from ascendc_pack.frontend.executor import resolve_op
+
+    try:
+        program = capture(module, tuple(t.clone() for t in inputs)).model.program
+    except Exception:  # noqa: BLE001
+        return False
+    ops = [s.op for s in program.steps if hasattr(s, "op")]
+    ops += [a.op for s in program.steps for a in getattr(s, "steps", ()) if hasattr(a, "op")]
+    return any(torch.Tag.nondeterministic_seeded in getattr(resolve_op(op), "tags", ()) for op in ops)
+
+
 def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:
     logging.getLogger("ascendc_pack").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -153,6 +168,8 @@ def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:
                     problem = compare_outputs(expected, actual, reference64=_float64(module, inputs))
                 if problem is None:
                     counts["match"] += 1
+                elif _draws_random_numbers(module, inputs):
+                    counts["random"] += 1
                 else:
                     counts["wrong"] += 1
                     failures.append((label, "wrong", problem[:200]))
