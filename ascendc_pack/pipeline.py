@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ascendc_pack.frontend.capture import Captured, capture
+from ascendc_pack.frontend.capture import Captured, capture, random_ops
 from ascendc_pack.frontend.capture_cache import capture_cached
 from ascendc_pack.frontend.check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
 from ascendc_pack.errors import PackError, VerificationError
@@ -327,7 +327,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     checks = []
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
-            checks = _verify_bundle(model, input_sets, staged, out, captured.model.output_names, atol, rtol)
+            checks = _verify_bundle(model, input_sets, staged, out, captured.model.output_names, atol, rtol,
+                                    random_ops(captured.model.program))
     seconds = {k: v for k, v in progress.seconds.items() if k not in ("bundle", "verify")}
     seconds["graph_compile"] = report.graph.compile_seconds
     seconds["bundle"] = max(0.0, progress.seconds["bundle"] - report.graph.compile_seconds)
@@ -366,9 +367,10 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
             raise
 
 
-def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:
+def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol, random: list[str] = ()) -> list:
     """Load the staged bundle with the runtime, compare it with eager, then move it to ``out``;
-    on a mismatch (or a load failure) delete it and raise VerificationError."""
+    on a mismatch (or a load failure) delete it and raise VerificationError (``random``: the
+    program's random-number ops, which explain a mismatch)."""
     import ascendc_pack_runtime as rt
 
     try:
@@ -383,6 +385,12 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
         bad = [c for c in checks if not c.ok]
         if bad:
             kept = f"; the previous {out} was left as it was" if out.exists() else ""
+            if random:
+                raise VerificationError(
+                    f"the new bundle does not match eager on {bad[0].label}: the model draws random numbers in "
+                    f"forward ({', '.join(random)}), so eager and the bundle draw different ones and cannot "
+                    f"agree. No bundle was written to {out}{kept}. Build the model in its deterministic form "
+                    "(model.eval(), no sampling in forward), or pass --no-verify to ship it as it is.")
             raise VerificationError(
                 f"the new bundle does not match eager on {bad[0].label}: {bad[0].problem}. No bundle was "
                 f"written to {out}{kept}. If the difference is acceptable, rebuild with --atol/--rtol; "

@@ -93,16 +93,12 @@ def _float64(module, inputs):
 
 def _draws_random_numbers(module, inputs) -> bool:
     """Whether the captured graph calls an ATen op tagged ``nondeterministic_seeded``."""
-    from ascendc_pack.frontend.capture import capture
-    from ascendc_pack.frontend.executor import resolve_op
+    from ascendc_pack.frontend.capture import capture, random_ops
 
     try:
-        program = capture(module, tuple(t.clone() for t in inputs)).model.program
+        return bool(random_ops(capture(module, tuple(t.clone() for t in inputs)).model.program))
     except Exception:  # noqa: BLE001
         return False
-    ops = [s.op for s in program.steps if hasattr(s, "op")]
-    ops += [a.op for s in program.steps for a in getattr(s, "steps", ()) if hasattr(a, "op")]
-    return any(torch.Tag.nondeterministic_seeded in getattr(resolve_op(op), "tags", ()) for op in ops)
 
 
 def run(dtypes: list[str], samples: int, only: set[str] | None) -> dict:

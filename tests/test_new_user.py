@@ -107,6 +107,22 @@ def test_build_that_does_not_match_eager_writes_nothing(tmp_path):
     assert out.is_file() and result.verification == []
 
 
+def test_a_model_that_draws_random_numbers_is_told_why_it_cannot_match_eager(tmp_path):
+    (tmp_path / "noisy.py").write_text(textwrap.dedent("""
+        import torch
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.nn.functional.rrelu(x, 0.1, 0.3, training=True)
+        def get_model(): return M()
+        def get_example_inputs(): return (-torch.ones(64),)
+    """))
+    out = tmp_path / "noisy.ascpack"
+    with pytest.raises(VerificationError, match=r"draws random numbers in forward \(aten\.rrelu_with_noise.*"
+                                                 r"model\.eval\(\).*--no-verify"):
+        ascendc_pack.build_file(tmp_path / "noisy.py", output=out, cache_dir=tmp_path / "cache")
+    assert not out.exists()
+
+
 def test_accuracy_rule_scales_with_magnitude_and_dtype():
     e = torch.linspace(-2300, 2300, 1001)
     e[500] = 0.0

@@ -88,6 +88,19 @@ def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model",
     return _from_exported(ep, name, output_names)
 
 
+def random_ops(program: Program) -> list[str]:
+    """The ATen ops of ``program`` (branches included) that draw random numbers (torch's
+    ``nondeterministic_seeded`` tag: ``rrelu_with_noise``, ``bernoulli``, ``rand_like``...)."""
+    from ascendc_pack.frontend.executor import resolve_op
+
+    out = []
+    for step in program.walk():
+        op = getattr(step, "op", None)
+        if op and op not in out and torch.Tag.nondeterministic_seeded in getattr(resolve_op(op), "tags", ()):
+            out.append(op)
+    return out
+
+
 _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)')
 _TORCH_DETAIL_CHARS = 1500
 
