@@ -10,6 +10,7 @@ host without torch_npu or with another SoC (torch_npu's documented API stands in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 import types
@@ -142,22 +143,66 @@ def test_emulate_needs_backend_npu(tmp_path):
     assert result.exit_code == 1 and "use `--backend npu --emulate`" in result.output
 
 
-def test_cann_command_follows_the_documented_bisheng_options(tmp_path):
-    """The device build's command (not run here: no CANN): BiSheng from ASCEND_HOME_PATH with the
-    options of the CANN docs' jit_build.sh example, for the SoC's Vector cores."""
+@pytest.mark.parametrize("layout,includes", [
+    ("compiler", ["tikcpp/tikcfw", "tikcpp/tikcfw/interface", "tikcpp/tikcfw/impl"]),
+    ("x86_64-linux", ["asc/include", "asc/include/basic_api", "asc/impl/basic_api", "asc/impl/utils"]),
+])
+def test_cann_command_follows_the_cann_build_files(tmp_path, monkeypatch, layout, includes):
+    """The device build's command (not run here: no CANN) for both toolkit layouts: BiSheng of the
+    devkit bisheng_config.cmake finds, the c220_aiv_intf_pub options of bisheng_intf.cmake, the
+    devkit's include directories that exist, the version header, ACL."""
     import ascendc_pack.backends.npu.toolchain as toolchain
 
-    bin_dir = tmp_path / "compiler" / "ccec_compiler" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "bisheng").write_text("")
+    monkeypatch.setattr(toolchain.platform, "machine", lambda: "x86_64")
+    devkit = tmp_path / layout
+    (devkit / "ccec_compiler" / "bin").mkdir(parents=True)
+    (devkit / "ccec_compiler" / "bin" / "bisheng").write_text("")
+    for d in includes:
+        (devkit / d).mkdir(parents=True)
+    (tmp_path / "include" / "ascendc").mkdir(parents=True)
+    (tmp_path / "include" / "ascendc" / "asc_devkit_version.h").write_text('#define ASC_DEVKIT_VERSION_STR "8.5.0"\n')
     env = {"ASCEND_HOME_PATH": str(tmp_path)}
-    cmd = toolchain.cann_command(tmp_path / "k.cpp", tmp_path / "k.so", "Ascend910B2", env)
-    assert cmd[0] == str(bin_dir / "bisheng") and cmd[-3:] == ["-o", str(tmp_path / "k.so"), str(tmp_path / "k.cpp")]
-    for opt in ("-xcce", "-std=c++17", "--cce-aicore-arch=dav-c220-vec", "--shared", "-lascendcl",
-                f"-I{tmp_path}/compiler/tikcpp/tikcfw/interface", f"-L{tmp_path}/lib64"):
-        assert opt in cmd
+    cmd = toolchain.cann_command(tmp_path / "k.cpp", tmp_path / "k.so", "Ascend910B1", env)
+    assert cmd[0] == str(devkit / "ccec_compiler" / "bin" / "bisheng")
+    assert cmd[-3:] == ["-o", str(tmp_path / "k.so"), str(tmp_path / "k.cpp")]
+    for opt in ("-xcce", "-std=c++17", "--cce-aicore-arch=dav-c220-vec", "--cce-auto-sync", "--shared",
+                "-cce-aicore-stack-size=0x8000", "-cce-aicore-dcci-insert-for-scalar=false", "-lascendcl",
+                f"-L{tmp_path}/lib64", str(tmp_path / "include" / "ascendc" / "asc_devkit_version.h"),
+                *[f"-I{devkit / d}" for d in includes]):
+        assert opt in cmd, opt
+    assert not [f for f in cmd if f.startswith("-I") and str(devkit) in f and not Path(f[2:]).is_dir()]
+    from ascendc_pack.backends.npu.api import detect_cann
+    assert detect_cann(env) == "8.5.0"
     with pytest.raises(ConfigError, match="ASCEND_HOME_PATH is not set"):
         toolchain.bisheng({})
+
+
+def test_cann_command_for_both_layouts_is_printed():
+    import ascendc_pack.backends.npu.toolchain as toolchain
+
+    cmds = toolchain.layout_commands("Ascend910B2", home=Path("/opt/cann"))
+    assert set(cmds) == {"compiler", "x86_64-linux"}
+    assert "/opt/cann/compiler/ccec_compiler/bin/bisheng" in cmds["compiler"]
+    assert "-I/opt/cann/x86_64-linux/asc/include/basic_api" in cmds["x86_64-linux"]
+    assert all("--cce-aicore-arch=dav-c220-vec" in c and "--cce-auto-sync" in c for c in cmds.values())
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B1", "Ascend910B4", "Ascend910_9392", "Ascend910_9362"])
+def test_soc_table_covers_atlas_a2_and_a3(soc):
+    from ascendc_pack.backends.npu.tiling import soc_profile
+
+    p = soc_profile(soc)
+    assert p.arch == "dav-c220-vec" and p.vector_cores in (40, 48)
+    assert p.with_cores(20).vector_cores == 20
+
+
+@pytest.mark.parametrize("soc,why", [("Ascend310P3", "no hard SyncAll"), ("Ascend950", "3510"),
+                                     ("Ascend310B1", "SyncAll")])
+def test_socs_the_vector_generator_does_not_serve_are_refused_by_name(soc, why):
+    from ascendc_pack.backends.npu.tiling import soc_profile
+
+    with pytest.raises(ConfigError, match=f"{soc} is not supported by the npu backend: .*{why}"):
+        soc_profile(soc)
 
 
 def _manifest(emulated: bool, soc: str = "Ascend910B2"):

@@ -47,6 +47,12 @@ def version_number(version: str) -> int:
     return parts[0] * 10000 + parts[1] * 100 + parts[2]
 
 
+def scalar_compare(version: str) -> str:
+    """The tensor-vs-scalar comparison of a release: ``Compares`` from CANN 9.0 (asc-devkit's basic
+    API), ``CompareScalar`` before (8.5.0 declares no ``Compares``; 9.x keeps CompareScalar deprecated)."""
+    return "Compares" if version_number(version) >= 90000 else "CompareScalar"
+
+
 def check_cann(version: str, source: str = "--cann") -> str:
     """``version`` if an API table ships for it, else a ConfigError naming the supported ones."""
     if version not in SUPPORTED:

@@ -41,10 +41,16 @@ struct SocProfile {
   uint32_t que_buffers_per_position;  // eventIDs per TPosition (TQue buffer limit)
 };
 
+// Atlas A2 (910B*) and A3 (910_93*) share NPU architecture 2201; a device reports its own core
+// counts (the npu backend reads them from torch_npu), these are the emulation's defaults.
 inline constexpr SocProfile kSocProfiles[] = {
-    {"Ascend910B2", 48, 24, 192 * 1024, 8},
-    {"Ascend910B3", 40, 20, 192 * 1024, 8},
-    {"Ascend910B4", 40, 20, 192 * 1024, 8},
+    {"Ascend910B1", 48, 24, 192 * 1024, 8},    {"Ascend910B2", 48, 24, 192 * 1024, 8},
+    {"Ascend910B2C", 48, 24, 192 * 1024, 8},   {"Ascend910B3", 40, 20, 192 * 1024, 8},
+    {"Ascend910B4", 40, 20, 192 * 1024, 8},    {"Ascend910B4_1", 40, 20, 192 * 1024, 8},
+    {"Ascend910_9391", 48, 24, 192 * 1024, 8}, {"Ascend910_9392", 48, 24, 192 * 1024, 8},
+    {"Ascend910_9381", 48, 24, 192 * 1024, 8}, {"Ascend910_9382", 48, 24, 192 * 1024, 8},
+    {"Ascend910_9372", 40, 20, 192 * 1024, 8}, {"Ascend910_9362", 40, 20, 192 * 1024, 8},
+    {"Ascend910_9363", 40, 20, 192 * 1024, 8},
 };
 inline constexpr const char* kDefaultSoc = "Ascend910B2";
 // UB the framework keeps back from kernels: 256 B always, plus 8 KiB for the APIs that need a
