@@ -52,10 +52,17 @@ print(json.dumps({"backend": m.manifest["backend"], "target": m.manifest["target
 
 
 def _fresh(model_file, bundle) -> dict:
+    """Load and run the bundle in a fresh process with the npu launcher's trace on; the report
+    has the launcher's lines (``launches``)."""
+    import os
+
+    env = {**os.environ, "ASCENDC_PACK_NPU_TRACE": "1"}
     out = subprocess.run([sys.executable, "-c", FRESH, str(model_file), str(bundle)], capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report["launches"] = [line for line in out.stderr.splitlines() if line.startswith("ascendc_pack npu launch: ")]
+    return report
 
 
 def _build_example(name, tmp_path, topn=2):
@@ -98,6 +105,11 @@ def test_emulated_build_loads_in_a_fresh_process_and_matches_eager(name, tmp_pat
     assert report["backend"] == "npu"
     assert report["target"]["soc"] == "Ascend910B2" and report["target"]["emulated"] is True
     assert report["worst"] < 1e-3
+    # every fused kernel ran through the npu launcher (npu_launch.h): the device plumbing up to the
+    # final call (ap_npu_launch), with the emulated device's stream and workspace
+    launched = {line.split(": ", 1)[1].split(" on ")[0] for line in report["launches"]}
+    assert launched == {ch.name for ch in result.choices.values()}, report["launches"]
+    assert all(" on emulated (AscendC emulation on the CPU), stream (nil)" in line for line in report["launches"])
 
 
 @pytest.mark.slow

@@ -426,10 +426,12 @@ def scan(text: str, file: str = "", api: Api | None = None, namespace: str = "As
             if k < n and toks[k][0] == ":":   # constructor initialiser list
                 while k < n and toks[k][0] != "{":
                     k += 1
+            deleted = False
             if k < n and toks[k][0] == "=":
+                deleted = k + 1 < n and toks[k + 1][0] == "delete"
                 while k < n and toks[k][0] != ";":
                     k += 1
-            if name and wanted() and not name.startswith("~"):
+            if name and wanted() and not name.startswith("~") and not deleted:
                 ps = [] if [t[0] for t in params] in ([], ["void"]) else [_param(p) for p in _split_top(params)]
                 api.functions.append(Function(scope_name(), name, template or [], ps, _join(ret), list(cond), file))
             if k < n and toks[k][0] == "{":

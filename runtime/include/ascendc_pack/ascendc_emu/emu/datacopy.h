@@ -88,7 +88,15 @@ ASCENDC_EMU_ATOMIC(SetAtomicMax, MAX)
 ASCENDC_EMU_ATOMIC(SetAtomicMin, MIN)
 #undef ASCENDC_EMU_ATOMIC
 inline void SetAtomicNone() { ascendc_emu::ctx().atomic = ascendc_emu::AtomicMode::NONE; }
-inline void DisableDmaAtomic() { SetAtomicNone(); }
+#if ASCENDC_CANN_VERSION >= 90000
+inline void DisableDmaAtomic() { SetAtomicNone(); }  // asc-devkit declares it from 9.0
+#else
+template <class... A>
+inline void DisableDmaAtomic(A&&...) {
+  static_assert(ascendc_emu::cann_lacks<A...>, "DisableDmaAtomic does not exist in CANN 8.x (asc-devkit v8.5.0): "
+                "use SetAtomicNone, or target CANN >= 9.0 (-DASCENDC_CANN_VERSION=90100)");
+}
+#endif
 
 }  // namespace AscendC
 
