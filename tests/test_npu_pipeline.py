@@ -253,3 +253,30 @@ def test_device_bundle_on_another_soc_is_refused(monkeypatch):
     assert isinstance(p, NpuSocMismatchError) and p.field == "target.soc"
     assert "Ascend910B2" in str(p) and "Ascend910B4" in str(p)
     assert npu_host_problems(_manifest(False, soc="Ascend910B4"), import_module=importer) == []
+
+
+KERNEL_DETAILS = """Step Id,Model ID,Task ID,Stream ID,Name,Type,Accelerator Core,Start Time(us),Duration(us),Wait Time(us)
+1,4294967295,12,2,fused_softmax_1a2b,KERNEL_AIVEC,AI_VECTOR_CORE,1700000000.1,12.5,0.0
+1,4294967295,13,2,aclnnAdd_AddAiCore_Add,Add,AI_VECTOR_CORE,1700000000.3,3.0,0.1
+1,4294967295,14,2,fused_softmax_1a2b,KERNEL_AIVEC,AI_VECTOR_CORE,1700000000.5,11.5,0.0
+"""
+
+
+def test_device_timing_reads_kernel_durations_like_the_seed():
+    """PGO on a device times each candidate by its device Duration(us) in torch_npu.profiler's
+    kernel_details.csv (the seed's _autotune.py), not by host time around a ctypes call."""
+    from ascendc_pack.backends.npu.device import kernel_durations_us
+
+    assert kernel_durations_us(KERNEL_DETAILS, "fused_softmax_1a2b") == [12.5, 11.5]
+    assert kernel_durations_us(KERNEL_DETAILS, "fused_other") == []
+    seed = _seed_autotune()
+    if seed is not None:  # the columns and file the seed reads (torch_npu's own wheel)
+        assert "kernel_details.csv" in seed and "'Duration(us)'" in seed and "row.get('Name'" in seed
+
+
+def _seed_autotune() -> str | None:
+    import os
+
+    base = Path(os.environ.get("ASCENDC_PACK_TORCH_NPU_DIR") or Path.home() / ".cache" / "ascendc-pack" / "torch_npu-2.13.0")
+    p = base / "torch_npu" / "_inductor" / "ascendc" / "compiler" / "_autotune.py"
+    return p.read_text() if p.is_file() else None

@@ -39,9 +39,13 @@ class NpuSocMismatchError(IncompatibleBundleError):
 
 
 def _host_soc() -> str:
+    """The NPU's SoC as the build recorded it (``get_device_properties().name``, e.g. Ascend910B2)."""
     import torch
 
-    name = str(torch.npu.get_device_name(torch.npu.current_device())).strip()
+    dev = torch.npu.current_device()
+    props = getattr(torch.npu, "get_device_properties", None)
+    name = str(getattr(props(dev), "name", "") if props else "") or str(torch.npu.get_device_name(dev))
+    name = name.strip()
     return name if name.startswith("Ascend") else f"Ascend{name}"
 
 
