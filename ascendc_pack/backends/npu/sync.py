@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 
+from ascendc_pack.backends.npu.api import split_top
+
 BARRIER = "PipeBarrier<PIPE_V>();"
 VECTOR = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Mins", "Exp", "Ln", "Abs", "Sqrt",
           "Rsqrt", "Reciprocal", "Relu", "Cast", "Compare", "Compares", "CompareScalar", "@CMPS@", "Select",
@@ -37,21 +39,6 @@ TENSOR = re.compile(r"^\(?\s*(work_|acc_|rowv_|rowTmp_|redWork_|guard_|half_|one
 CALL = re.compile(r"^\s*([A-Za-z_@][\w@]*)\s*(?:<[^;]*?>)?\s*\((.*)\)\s*;\s*$")
 
 
-def _args(text: str) -> list[str]:
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "(<[{":
-            depth += 1
-        elif ch in ")>]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    return out + [cur.strip()] if cur.strip() else out
-
-
 def _key(expr: str) -> tuple[str, str] | None:
     m = TENSOR.match(expr.strip())
     return None if m is None else (m.group(1), (m.group(2) or "").replace(" ", ""))
@@ -64,18 +51,7 @@ def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
 def _statements(line: str) -> list[str]:
     """``a; b;`` on one line -> two lines with the line's indentation (top-level ';' only)."""
     indent = line[:len(line) - len(line.lstrip())]
-    parts, depth, cur = [], 0, ""
-    for ch in line.strip():
-        cur += ch
-        if ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth -= 1
-        elif ch == ";" and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-    if cur.strip():
-        parts.append(cur.strip())
+    parts = split_top(line.strip(), ";", keep=True)
     return [indent + p for p in parts] if len(parts) > 1 and "for (" not in line else [line]
 
 
@@ -103,7 +79,7 @@ def insert_barriers(body: list[str]) -> list[str]:
                     dirty = True  # a member function: whatever it issued may be in flight
                 out.append(line)
                 continue
-            args = [_key(a) for a in _args(m.group(2))]
+            args = [_key(a) for a in split_top(m.group(2))]
             dst, srcs = args[0], [a for a in args[1:] if a is not None]
             tmp = args[TEMP_ARG[name]] if name in TEMP_ARG and len(args) > TEMP_ARG[name] else None
             new_w = [k for k in (dst, tmp) if k is not None]

@@ -115,19 +115,21 @@ class Call:
         return f"{'.' if self.member else ''}{self.name}{t}({', '.join(self.args)})"
 
 
-def _split_args(text: str) -> list[str]:
+def split_top(text: str, sep: str = ",", keep: bool = False) -> list[str]:
+    """``text`` split at ``sep`` outside brackets (call arguments; statements with ``;``, kept
+    with ``keep``), each part stripped, empty parts dropped."""
     out, depth, cur = [], 0, ""
     for ch in text:
         if ch in "(<[{":
             depth += 1
         elif ch in ")>]}":
             depth -= 1
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
+        if ch == sep and depth == 0:
+            out.append((cur + ch) if keep else cur)
             cur = ""
         else:
             cur += ch
-    return out + ([cur.strip()] if cur.strip() else [])
+    return [p.strip() for p in out + [cur] if p.strip()]
 
 
 def _group(text: str, i: int, open_: str, close: str) -> int:
@@ -175,13 +177,13 @@ def calls_in(source: str, device_only: bool = True) -> list[Call]:
             end = _group(text, j, "<", ">")
             if end >= len(text) or not text[end + 1:].lstrip().startswith("("):
                 continue
-            targs = _split_args(text[j + 1:end])
+            targs = split_top(text[j + 1:end])
             j = text.index("(", end)
         pre = text[:m.start()].rstrip()
         if re.search(r"\b(void|bool|int\d*_t|uint\d*_t|float|auto|inline|TEventID|GM_ADDR)$", pre):
             continue  # a declaration, not a call
         end = _group(text, j, "(", ")")
-        out.append(Call(name, tuple(targs), tuple(_split_args(text[j + 1:end])), member, text.count("\n", 0, m.start()) + 1))
+        out.append(Call(name, tuple(targs), tuple(split_top(text[j + 1:end])), member, text.count("\n", 0, m.start()) + 1))
     return out
 
 
