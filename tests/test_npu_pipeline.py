@@ -318,3 +318,17 @@ def _seed_autotune() -> str | None:
     base = Path(os.environ.get("ASCENDC_PACK_TORCH_NPU_DIR") or Path.home() / ".cache" / "ascendc-pack" / "torch_npu-2.13.0")
     p = base / "torch_npu" / "_inductor" / "ascendc" / "compiler" / "_autotune.py"
     return p.read_text() if p.is_file() else None
+
+
+def test_cann_option_names_the_supported_releases(tmp_path):
+    """--cann picks the AscendC API release; an unknown one or a cpu build is refused at once."""
+    runner = CliRunner()
+    bad = runner.invoke(main, ["build", str(tmp_path / "never_loaded.py"), "--backend", "npu", "--emulate",
+                               "--cann", "7.0.0", "--cache-dir", str(tmp_path / "c")])
+    assert bad.exit_code == 1 and "CANN '7.0.0' has no AscendC API table here; supported: 8.5.0, 9.1.0" in bad.output
+    cpu = runner.invoke(main, ["build", str(tmp_path / "never_loaded.py"), "--cann", "9.1.0",
+                               "--cache-dir", str(tmp_path / "c")])
+    assert cpu.exit_code == 1 and "--cann applies to --backend npu" in cpu.output
+    from ascendc_pack.backends.npu.api import resolve_cann
+
+    assert resolve_cann(None, {}) == "8.5.0" and resolve_cann("9.1", {}) == "9.1.0"

@@ -79,3 +79,12 @@ def npu_host_problems(manifest: Manifest, import_module=importlib.import_module)
             f"{MANIFEST}: field 'target.soc': the kernels were compiled for {soc}, this host's NPU is {host}: {fix}",
             field="target.soc", fix=fix)]
     return []
+
+
+def to_npu(tensors: list) -> list:
+    """``tensors`` copied to the current NPU (a device npu bundle's weights: its graph.so runs on
+    the NPU and refuses cpu tensors). Never run on our machines (no NPU)."""
+    import torch
+
+    device = torch.device("npu", torch.npu.current_device())
+    return [t.to(device) for t in tensors]
