@@ -26,6 +26,7 @@ from ascendc_pack.kernels.fused.build import FusedKernel
 from ascendc_pack.backends.npu.layout import Unsupported
 from ascendc_pack.backends.npu.codegen import render
 from ascendc_pack.backends.npu.tiling import SOCS, NpuTarget, plan_for, propose
+from ascendc_pack.backends.npu.api import DEFAULT_CANN
 from ascendc_pack.backends.npu.toolchain import emulation_flags
 from ascendc_pack.ir.program import dump
 from ascendc_pack_runtime.kernels import KernelLibrary
@@ -39,18 +40,18 @@ def target(cores: int = 48, soc: str = "Ascend910B2") -> NpuTarget:
     return NpuTarget(SOCS[soc], cores)
 
 
-def source_of(spec, tiling, soc: str = "Ascend910B2") -> str:
+def source_of(spec, tiling, soc: str = "Ascend910B2", cann: str = DEFAULT_CANN, emulate: bool = True) -> str:
     c = tiling.candidate
     p = tiling.params
     return render(plan_for(spec, p), tile=p["tile"], buffer_num=p["buf"], block_dim=p["bd"],
                   kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace, soc=soc,
-                  emulate=True, isa="")
+                  emulate=emulate, isa="", cann=cann)
 
 
-def compile_sources(sources: list[str], cache_dir: Path, jobs: int = 2) -> list[Path | str]:
-    """Compile each source (once per content) against the emulation; a path, or the error text."""
+def compile_sources(sources: list[str], cache_dir: Path, jobs: int = 2, cann: str = DEFAULT_CANN) -> list[Path | str]:
+    """Compile each source (once per content) against the emulation of CANN ``cann``; a path, or the error text."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    flags = emulation_flags("native")
+    flags = emulation_flags("native", cann)
 
     def one(src: str) -> Path | str:
         h = hashlib.sha256((src + " ".join(flags)).encode()).hexdigest()[:20]
@@ -102,7 +103,7 @@ class Report:
 
 
 def check_npu(fn, inputs, cache_dir: Path, *, full: bool = FULL, atol=None, rtol=None, cores: int = 48,
-              expect_fused: bool | int = True) -> Report:
+              expect_fused: bool | int = True, cann: str = DEFAULT_CANN) -> Report:
     module = Fn(fn)
     captured = capture(module, tuple(t.clone() for t in inputs))
     fused = fuse(captured.model)
@@ -122,9 +123,9 @@ def check_npu(fn, inputs, cache_dir: Path, *, full: bool = FULL, atol=None, rtol
             report.unsupported[name] = str(exc)
             continue
         chosen[name] = tilings
-        sources += [source_of(step.kernel, t) for t in tilings]
+        sources += [source_of(step.kernel, t, cann=cann) for t in tilings]
     report.npu_kernels = len(chosen)
-    libs = iter(compile_sources(sources, Path(cache_dir)))
+    libs = iter(compile_sources(sources, Path(cache_dir), cann=cann))
     built = {name: [next(libs) for _ in ts] for name, ts in chosen.items()}
 
     def run_fused(step, args):

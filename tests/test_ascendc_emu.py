@@ -66,13 +66,18 @@ class EmuKernels:
         assert status == 0, message
 
 
-def compile_kernel(src: Path, out: Path, std: str = "c++17", shared: bool = True) -> Path:
+def compile_kernel(src: Path, out: Path, std: str = "c++17", shared: bool = True, defines=(),
+                   expect_error: bool = False):
+    """Compile a kernel library; with ``expect_error`` return the compiler's stderr (it must fail)."""
     flags = [f if f != "-std=c++17" else f"-std={std}" for f in CXX_FLAGS]
     if not shared:
         flags = [f for f in flags if f not in ("-shared", "-fPIC")]
-    cmd = ["g++", *flags, f"-I{emu_include()}", "-include", "ap_emu_launch.h", str(src), "-o",
-           str(out)]
+    cmd = ["g++", *flags, *[f"-D{d}" for d in defines], f"-I{emu_include()}", "-include", "ap_emu_launch.h",
+           str(src), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if expect_error:
+        assert proc.returncode != 0, f"{' '.join(cmd)} compiled, expected a refusal"
+        return proc.stderr
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
     return out
 
@@ -456,7 +461,7 @@ VIOLATIONS = [
     ("v_partial_overlap", 1, ["overlap completely or not at all"]),
     ("v_reduce_work", 1, ["rule 'ReduceMax sharedTmpBuffer size'", "holds 64 elements",
                           "needs 128"]),
-    ("v_compare_count", 1, ["rule 'Compare count covers whole 256-byte repeats' violated by Compares",
+    ("v_compare_count", 1, ["rule 'Compare count covers whole 256-byte repeats' violated by CompareScalar",
                             "count 100 x 4 B"]),
     ("v_waitflag", 1, ["rule 'SetFlag/WaitFlag pairing'", "no pending SetFlag"]),
     ("v_setflag_unpaired", 1, ["rule 'SetFlag/WaitFlag pairing'", "never waited"]),
@@ -542,3 +547,76 @@ def test_icpu_run_kf_runs_and_aborts_on_violation(tmp_path):
     assert bad.returncode != 0
     assert "rule 'DataCopy length a multiple of 32 bytes'" in bad.stderr
     assert "block 1 of 2" in bad.stderr
+
+
+# ------------------------------------------------- pipe ordering, kernel type, workspace (issue 38)
+
+SYNC_RACES = [
+    ("r_mte2_then_vector", ["rule 'a Vector instruction touches UB only after the MTE2 copy into it is "
+                            "synchronised' violated by Add", "in flight from DataCopyPad(GM->UB)",
+                            "SetFlag/WaitFlag<HardEvent::MTE2_V>", "PipeBarrier(ISASI), SetFlag/WaitFlag, TQue"]),
+    ("r_vector_then_scalar", ["rule 'a scalar read of UB the Vector unit wrote waits for "
+                              "SetFlag/WaitFlag<HardEvent::V_S>' violated by LocalTensor::GetValue",
+                              "written by Duplicate"]),
+    ("r_vector_chain", ["rule 'dependent Vector instructions are ordered by PipeBarrier<PIPE_V>() (auto-sync off)' "
+                        "violated by Mul", "reads what Add wrote", "PipeBarrier(ISASI)"]),
+    ("r_vector_then_mte3", ["waits for EnQue/DeQue (VECOUT) or SetFlag/WaitFlag<HardEvent::V_MTE3>' violated by "
+                            "DataCopyPad(UB->GM)", "written by Duplicate"]),
+    ("r_syncall_not_mix", ["rule 'SyncAll needs a MIX kernel type' violated by SyncAll",
+                           "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0)", "SyncAll constraints"]),
+    ("r_user_workspace_unset", ["rule 'GetUserWorkspace needs a system workspace'",
+                                "nullptr + RESERVED_WORKSPACE (16777216 B)", "GetUserWorkspace"]),
+    ("r_ub_copy_veccalc", ["rule 'UB->UB DataCopy only VECIN -> VECCALC or VECCALC -> VECOUT'",
+                           "VECCALC -> VECCALC is not a documented path"]),
+]
+
+
+@pytest.mark.parametrize("kernel,fragments", SYNC_RACES, ids=[r[0] for r in SYNC_RACES])
+def test_sync_rule_race_aborts_naming_the_rule(kernels, kernel, fragments):
+    x, out, ws = torch.zeros(256), torch.zeros(256), torch.zeros(64)
+    status, message = kernels("sync_rules").launch(kernel, 1, x, out, ws)
+    assert status == RULE_VIOLATION, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize("kernel", ["ok_mte2_then_vector", "ok_vector_then_scalar", "ok_vector_chain",
+                                    "ok_syncall_mix"])
+def test_sync_rule_fixed_twin_runs(kernels, kernel):
+    kernels("sync_rules").run(kernel, 2, torch.zeros(256), torch.zeros(256))
+
+
+def test_auto_sync_build_leaves_vector_ordering_to_the_compiler(tmp_path):
+    """-DASCENDC_EMU_AUTO_SYNC=1 emulates --cce-auto-sync: the compiler orders the pipes."""
+    lib = EmuKernels(compile_kernel(KERNELS / "sync_rules.cpp", tmp_path / "auto.so",
+                                    defines=["ASCENDC_EMU_AUTO_SYNC=1"]))
+    lib.run("r_vector_chain", 1, torch.zeros(256), torch.zeros(256))
+
+
+def test_user_workspace_starts_past_the_system_reserve(kernels):
+    """SetSysWorkspace + GetUserWorkspace: the device skips RESERVED_WORKSPACE (16 MiB on 2201)."""
+    lib = kernels("sync_rules")
+    reserve = 16 * 1024 * 1024
+    ws = torch.zeros((reserve + 32) // 4)
+    lib.run("ws_user_workspace", 1, torch.zeros(256), torch.zeros(256), ws)
+    assert torch.equal(ws[reserve // 4:], torch.full((8,), 7.0)) and not ws[:reserve // 4].any()
+    status, message = lib.launch("ws_user_workspace", 1, torch.zeros(256), torch.zeros(256), torch.zeros(8))
+    assert status == RULE_VIOLATION
+    assert "rule 'the host allocates system + user workspace'" in message and "holds 32 B" in message
+
+
+def test_compares_is_refused_when_targeting_cann_8(tmp_path):
+    """CANN 8.5's basic API has CompareScalar only; 9.x adds Compares (tables: api/cann-*.json)."""
+    err = compile_kernel(KERNELS / "sync_rules.cpp", tmp_path / "c85.so", defines=["SYNC_RULES_COMPARES"],
+                         expect_error=True)
+    assert "Compares does not exist in CANN 8.x" in err and "use CompareScalar" in err
+    lib = EmuKernels(compile_kernel(KERNELS / "sync_rules.cpp", tmp_path / "c91.so",
+                                    defines=["SYNC_RULES_COMPARES", "ASCENDC_CANN_VERSION=90100"]))
+    lib.run("compares_9x", 1, torch.zeros(256), torch.zeros(256))
+
+
+def test_whole_reduce_is_refused_when_targeting_cann_9_1(tmp_path):
+    """9.1 renamed WholeReduceSum/Max/Min to ReduceRepeat: a 9.1 build refuses the old names."""
+    err = compile_kernel(KERNELS / "ops_probe.cpp", tmp_path / "p91.so", defines=["ASCENDC_CANN_VERSION=90100"],
+                         expect_error=True)
+    assert "WholeReduceSum does not exist in CANN 9.1" in err

@@ -101,3 +101,24 @@ def test_unsupported_names_the_reason():
         assert str(exc) == reason
     else:
         raise AssertionError("propose accepted a kernel the generator cannot express")
+
+
+def test_barriers_go_exactly_where_vector_instructions_depend():
+    """sync.py: a barrier before a vector instruction that reads or overwrites what one since the
+    last barrier wrote (or overwrites what one read); none between independent ones; state reset
+    at every block boundary, member call and scalar sync."""
+    from ascendc_pack.backends.npu.sync import BARRIER, insert_barriers
+
+    body = insert_barriers([
+        "Exp(work_[0 * TILE], inT[0 * TILE].ReinterpretCast<float>(), n);",   # first: after the caller's work
+        "Abs(work_[1 * TILE], inT[4 * TILE].ReinterpretCast<float>(), n);",   # independent slot
+        "Mul(work_[2 * TILE], work_[0 * TILE], work_[1 * TILE], n);",        # reads both: barrier
+        "Adds(work_[0 * TILE], inT[0 * TILE].ReinterpretCast<float>(), 1.0f, n);",  # overwrites a read: barrier
+        "SyncVS();",
+        "Muls(work_[3 * TILE], work_[2 * TILE], 2.0f, n);",                  # after the V->S drain: none
+        "Cast(half_, rowv_[0], RoundMode::CAST_RINT, 1); Cast(outT[0 * TILE], half_, RoundMode::CAST_NONE, 1);",
+    ])
+    barriers = [i for i, line in enumerate(body) if line.strip() == BARRIER]
+    assert [body[i + 1].split("(")[0].strip() for i in barriers] == ["Exp", "Mul", "Adds", "Cast"]
+    assert body[-3].startswith("Cast(half_") and body[-1].startswith("Cast(outT")  # split, then ordered
+    assert insert_barriers(["{", "Add(acc_[0 * TILE], acc_[0 * TILE], work_[0 * TILE], n);", "}"])[1] == BARRIER

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -10,7 +11,7 @@ import click
 
 from ascendc_pack_runtime.constants import VERSION as __version__
 from ascendc_pack.cli.trust import register as register_trust_commands, sign_built_bundle
-from ascendc_pack.errors import PackError
+from ascendc_pack.errors import ConfigError, PackError
 
 
 class PositiveInt(click.ParamType):
@@ -95,13 +96,17 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
 @click.option("--backend", default=None, help="Target device backend: cpu (default) or npu (AscendC kernels).")
 @click.option("--emulate", is_flag=True, default=False,
               help="With --backend npu: compile the AscendC kernels against the CPU emulation and run the npu pipeline here.")
+@click.option("--cann", default=None, metavar="VERSION",
+              help="With --backend npu: the CANN release whose AscendC API the kernels use (8.5.0 or 9.1.0; "
+                   "default: the toolkit's, else 8.5.0). Env ASCENDC_PACK_NPU_CANN.")
 @click.option("--debug", is_flag=True, default=None, help="Keep kernel sources, compile commands and benchmark scripts (env TORCH_COMPILE_DEBUG=1).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Load the new bundle and compare it with eager on the example and calibration inputs before writing it.")
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
 @click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
-def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, debug, verify, atol, rtol, sign_key):
+def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, cann, debug, verify, atol, rtol,
+          sign_key):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
@@ -113,6 +118,13 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
     try:
         t0 = time.perf_counter()
         backend = backend_key(backend, emulate)
+        if cann is not None:
+            from ascendc_pack.backends.npu.api import check_cann
+
+            if backend not in ("npu", "npu-emu"):
+                raise ConfigError("--cann applies to --backend npu (the AscendC API release), got --backend "
+                                  f"{backend or 'cpu'}")
+            os.environ["ASCENDC_PACK_NPU_CANN"] = check_cann(cann)
         if backend is not None:
             get_backend(check_backend_name(backend, "--backend"))  # fails now, before the model is loaded
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,

@@ -74,17 +74,27 @@ def graph_flags(march: str | None = None) -> list[str]:
             f"-I{runtime_include_dir()}"]
 
 
-def interp_flags(march: str | None = None) -> list[str]:
+def interp_flags(march: str | None = None, backend: str | None = None) -> list[str]:
     """g++ flags of the interpreter object (``-w``: libtorch header noise, g++ 12
-    -Wstringop-overflow)."""
+    -Wstringop-overflow). A device npu graph (``backend == "npu"``) is compiled against torch_npu:
+    NPU tensors, npu kernels launched on its stream (ascendc_pack/npu_launch.h)."""
     arch = target_flags(march) if march else []
     return ["-std=c++20", "-O1", *arch, "-fPIC", "-w", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
-            _abi_define(), *[f"-I{d}" for d in torch_include_dirs()], f"-I{runtime_include_dir()}"]
+            _abi_define(), *[f"-I{d}" for d in torch_include_dirs()], f"-I{runtime_include_dir()}",
+            *_device_flags(backend)[0]]
 
 
-def link_flags() -> list[str]:
+def link_flags(backend: str | None = None) -> list[str]:
     # no rpath: libc10/libtorch_cpu are found by SONAME among the libraries torch has loaded
-    return [f"-L{torch_lib_dir()}", "-lc10", "-ltorch_cpu", "-ldl"]
+    return [f"-L{torch_lib_dir()}", "-lc10", "-ltorch_cpu", "-ldl", *_device_flags(backend)[1]]
+
+
+def _device_flags(backend: str | None) -> tuple[list[str], list[str]]:
+    if backend != "npu":
+        return [], []
+    from ascendc_pack.backends.npu.device import torch_npu_build_flags
+
+    return torch_npu_build_flags()
 
 
 def _portable(flags: list[str]) -> str:
@@ -92,9 +102,9 @@ def _portable(flags: list[str]) -> str:
     return " ".join(f for f in flags if not f.startswith(("-I", "-L")))
 
 
-def interp_cache_key(cxx: str = DEFAULT_CXX, march: str | None = None) -> str:
+def interp_cache_key(cxx: str = DEFAULT_CXX, march: str | None = None, backend: str | None = None) -> str:
     """Content hash of the interpreter object: flags, compiler, torch and the runtime headers."""
-    return stable_hash("ascendc-pack/graph-interp/v1", _portable(interp_flags(march)), compiler_identity(cxx),
+    return stable_hash("ascendc-pack/graph-interp/v1", _portable(interp_flags(march, backend)), compiler_identity(cxx),
                        torch_identity(), headers_hash())
 
 
@@ -128,7 +138,7 @@ def prepare_graph_runtime(config: BuildConfig, cxx: str = DEFAULT_CXX,
     It does not depend on the model, so a pipeline may call it any time before the graph
     compile, e.g. while kernels compile; it must not run while PGO times candidates.
     Raises CompileError."""
-    d = Path(config.cache_dir) / GRAPH_CACHE_SUBDIR / INTERP_SUBDIR / interp_cache_key(cxx, config.march)
+    d = Path(config.cache_dir) / GRAPH_CACHE_SUBDIR / INTERP_SUBDIR / interp_cache_key(cxx, config.march, config.backend)
     obj, cpp = d / "graph_interp.o", d / "graph_interp.cpp"
     source = f'#include "{INTERP_HEADER}"\n'
     compiler = compiler_path(cxx)
@@ -137,7 +147,8 @@ def prepare_graph_runtime(config: BuildConfig, cxx: str = DEFAULT_CXX,
             return obj
         atomic_write_text(cpp, source)
         try:
-            run = compile_atomically(lambda tmp: [compiler, *interp_flags(config.march), "-c", "-o", str(tmp), str(cpp)],
+            run = compile_atomically(lambda tmp: [compiler, *interp_flags(config.march, config.backend), "-c", "-o",
+                                                  str(tmp), str(cpp)],
                                      obj, timeout_s=timeout_s, progress=progress)
         except CompilerRunError as e:
             raise _compile_error("the graph interpreter", e, cpp) from None
@@ -170,7 +181,7 @@ def compile_graph(graph: GraphSource, config: BuildConfig, cxx: str = DEFAULT_CX
     ``progress(seconds)`` reports the elapsed time while a compiler runs. Raises CompileError
     with the command and the compiler's output when g++ fails."""
     t0 = time.perf_counter()
-    key = graph_cache_key(graph.source, cxx, config.march)
+    key = graph_cache_key(graph.source, cxx, config.march) + ("-npu" if config.backend == "npu" else "")
     d = Path(config.cache_dir) / GRAPH_CACHE_SUBDIR / key
     so, cpp = d / "graph.so", d / "graph.cpp"
     compiler = compiler_path(cxx)
@@ -181,7 +192,8 @@ def compile_graph(graph: GraphSource, config: BuildConfig, cxx: str = DEFAULT_CX
         atomic_write_text(cpp, graph.source)
         try:
             run = compile_atomically(
-                lambda tmp: [compiler, *graph_flags(config.march), "-o", str(tmp), str(cpp), str(interp), *link_flags()],
+                lambda tmp: [compiler, *graph_flags(config.march), "-o", str(tmp), str(cpp), str(interp),
+                             *link_flags(config.backend)],
                 so, timeout_s=timeout_s, progress=_offset(progress, t0))
         except CompilerRunError as e:
             raise _compile_error("graph.cpp", e, cpp) from None

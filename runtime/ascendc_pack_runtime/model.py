@@ -139,6 +139,9 @@ class Model:
         self._handle = None
         self._ops = None
         weights = _load_weights(self.directory, m)
+        if m.backend == "npu" and not m.target.emulated:  # a device npu graph's weights live on the NPU
+            from .npu_host import to_npu
+            weights = to_npu(weights)
         check_libraries(self.directory, m)   # right before graph.so (and through it the kernels) is dlopen()ed
         self._ops = _graph_ops(self.directory, m)
         try:

@@ -39,9 +39,13 @@ class NpuSocMismatchError(IncompatibleBundleError):
 
 
 def _host_soc() -> str:
+    """The NPU's SoC as the build recorded it (``get_device_properties().name``, e.g. Ascend910B2)."""
     import torch
 
-    name = str(torch.npu.get_device_name(torch.npu.current_device())).strip()
+    dev = torch.npu.current_device()
+    props = getattr(torch.npu, "get_device_properties", None)
+    name = str(getattr(props(dev), "name", "") if props else "") or str(torch.npu.get_device_name(dev))
+    name = name.strip()
     return name if name.startswith("Ascend") else f"Ascend{name}"
 
 
@@ -75,3 +79,12 @@ def npu_host_problems(manifest: Manifest, import_module=importlib.import_module)
             f"{MANIFEST}: field 'target.soc': the kernels were compiled for {soc}, this host's NPU is {host}: {fix}",
             field="target.soc", fix=fix)]
     return []
+
+
+def to_npu(tensors: list) -> list:
+    """``tensors`` copied to the current NPU (a device npu bundle's weights: its graph.so runs on
+    the NPU and refuses cpu tensors). Never run on our machines (no NPU)."""
+    import torch
+
+    device = torch.device("npu", torch.npu.current_device())
+    return [t.to(device) for t in tensors]

@@ -45,13 +45,18 @@ extern "C" __global__ __aicore__ void bf16_fused(GM_ADDR x, GM_ADDR y, GM_ADDR o
     xb = inQ.DeQue<bfloat16_t>();
     yb = inQ.DeQue<bfloat16_t>();
     Cast(a, xb, RoundMode::CAST_NONE, n);
+    PipeBarrier<PIPE_V>();
     Cast(b, yb, RoundMode::CAST_NONE, n);
     inQ.FreeTensor(xb);
     inQ.FreeTensor(yb);
+    PipeBarrier<PIPE_V>();
     Sub(b, a, b, n);
+    PipeBarrier<PIPE_V>();
     Relu(b, b, n);
+    PipeBarrier<PIPE_V>();
     Mul(b, b, a, n);
     LocalTensor<bfloat16_t> ob = outQ.AllocTensor<bfloat16_t>();
+    PipeBarrier<PIPE_V>();
     Cast(ob, b, static_cast<RoundMode>(t.roundMode), n);
     outQ.EnQue(ob);
     ob = outQ.DeQue<bfloat16_t>();

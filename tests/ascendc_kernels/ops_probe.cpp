@@ -1,5 +1,5 @@
 // Single-block probes of individual emulated instructions, so the tests can compare each one with
-// an independent reference: Cast round modes, Compare/Compares + Select, the count-form reductions,
+// an independent reference: Cast round modes, Compare/CompareScalar + Select, the count-form reductions,
 // WholeReduceSum/Max and DataCopyPad's padding layout. Each entry loads its inputs with DataCopyPad
 // into TBuf tensors, runs the instruction(s) and stores the results with DataCopyPad.
 #include "kernel_operator.h"
@@ -26,6 +26,9 @@ LocalTensor<T> Load(TPipe& pipe, TBuf<TPosition::VECCALC>& buf, GM_ADDR src, uin
   g.SetGlobalBuffer((__gm__ T*)src, n);
   DataCopyPad(t, g, DataCopyExtParams{1, static_cast<uint32_t>(n * sizeof(T)), 0, 0, 0},
               DataCopyPadExtParams<T>{false, 0, 0, 0});
+  const TEventID e = pipe.FetchEventID(HardEvent::MTE2_V);  // a TBuf has no queue: sync by hand
+  SetFlag<HardEvent::MTE2_V>(e);
+  WaitFlag<HardEvent::MTE2_V>(e);
   return t;
 }
 
@@ -33,6 +36,9 @@ template <class T>
 void Store(GM_ADDR dst, const LocalTensor<T>& t, uint32_t n) {
   GlobalTensor<T> g;
   g.SetGlobalBuffer((__gm__ T*)dst, n);
+  const TEventID e = GetTPipePtr()->FetchEventID(HardEvent::V_MTE3);
+  SetFlag<HardEvent::V_MTE3>(e);
+  WaitFlag<HardEvent::V_MTE3>(e);
   DataCopyPad(g, t, DataCopyExtParams{1, static_cast<uint32_t>(n * sizeof(T)), 0, 0, 0});
 }
 
@@ -71,7 +77,7 @@ extern "C" __global__ __aicore__ void muls_f16(GM_ADDR x, GM_ADDR out, GM_ADDR p
 }
 
 // out = where(x <cmp> y, x, y) via Compare + Select(VSEL_TENSOR_TENSOR_MODE), and
-// out2 = where(x <cmp> value, x, 2 * value) via Compares + Select(VSEL_TENSOR_SCALAR_MODE).
+// out2 = where(x <cmp> value, x, 2 * value) via CompareScalar + Select(VSEL_TENSOR_SCALAR_MODE).
 // n must cover whole 256-byte repeats (Compare's rule).
 extern "C" __global__ __aicore__ void compare_select(GM_ADDR x, GM_ADDR y, GM_ADDR out, GM_ADDR out2, GM_ADDR params) {
   const ProbeParams p = Params(params);
@@ -85,9 +91,12 @@ extern "C" __global__ __aicore__ void compare_select(GM_ADDR x, GM_ADDR y, GM_AD
   LocalTensor<float> o = ob.Get<float>();
   const CMPMODE mode = static_cast<CMPMODE>(p.arg0);
   Compare(mask, a, b, mode, p.n);
+  PipeBarrier<PIPE_V>();
   Select(o, mask, a, b, SELMODE::VSEL_TENSOR_TENSOR_MODE, p.n);
   Store(out, o, p.n);
-  Compares(mask, a, p.value, mode, p.n);
+  PipeBarrier<PIPE_V>();
+  CompareScalar(mask, a, p.value, mode, p.n);
+  PipeBarrier<PIPE_V>();
   Select(o, mask, a, 2.0f * p.value, SELMODE::VSEL_TENSOR_SCALAR_MODE, p.n);
   Store(out2, o, p.n);
 }
@@ -118,8 +127,11 @@ extern "C" __global__ __aicore__ void reductions(GM_ADDR x, GM_ADDR out, GM_ADDR
   LocalTensor<float> w = work.Get<float>();
   LocalTensor<float> r = res.Get<float>();
   Duplicate(r, 0.0f, 8);
+  PipeBarrier<PIPE_V>();
   ReduceSum(r, a, w, p.n);
+  PipeBarrier<PIPE_V>();
   ReduceMax(r[2], a, w, p.n, true);
+  PipeBarrier<PIPE_V>();
   ReduceMin(r[4], a, w, p.n, true);
   Store(out, r, 6);
 }
@@ -150,6 +162,7 @@ extern "C" __global__ __aicore__ void whole_reduce(GM_ADDR x, GM_ADDR sums, GM_A
   LocalTensor<float> s = sb.Get<float>();
   LocalTensor<float> m = mb.Get<float>();
   WholeReduceSum(s, a, p.arg1, rows, 1, 1, 8);
+  PipeBarrier<PIPE_V>();
   WholeReduceMax(m, a, p.arg1, rows, 1, 1, 8);
   Store(sums, s, rows);
   Store(maxes, m, 2 * rows);
@@ -171,6 +184,7 @@ extern "C" __global__ __aicore__ void pad_layout(GM_ADDR x, GM_ADDR out, GM_ADDR
   DataCopyPad(t, g, DataCopyExtParams{1, static_cast<uint32_t>(p.n * sizeof(float)), 0, 0, 0},
               DataCopyPadExtParams<float>{p.arg2 == 1, static_cast<uint8_t>(p.arg0), static_cast<uint8_t>(p.arg1), p.value});
   const uint32_t padded = (p.arg0 + p.n + p.arg1 + 7) / 8 * 8;
+  PipeBarrier<PIPE_ALL>();  // the Duplicate (V) and the copy in (MTE2) complete before the copy out
   GlobalTensor<float> o;
   o.SetGlobalBuffer((__gm__ float*)out, 256);
   DataCopy(o, t, padded);

@@ -27,8 +27,10 @@ class KernelSoftmax {
     start_ = start;
     xGm_.SetGlobalBuffer((__gm__ float*)x, rows_ * cols_);
     outGm_.SetGlobalBuffer((__gm__ float*)out, rows_ * cols_);
-    maxGm_.SetGlobalBuffer((__gm__ float*)GetUserWorkspace(workspace), rows_ * blocks_);
-    sumGm_.SetGlobalBuffer((__gm__ float*)GetUserWorkspace(workspace) + rows_ * blocks_, rows_ * blocks_);
+    // Kernel direct invocation without HAVE_WORKSPACE: the argument is the user workspace itself
+    // (GetUserWorkspace would skip a system workspace nobody set).
+    maxGm_.SetGlobalBuffer((__gm__ float*)workspace, rows_ * blocks_);
+    sumGm_.SetGlobalBuffer((__gm__ float*)workspace + rows_ * blocks_, rows_ * blocks_);
     pipe->InitBuffer(inQueue_, 1, t.chunk * sizeof(float));
     pipe->InitBuffer(outQueue_, 1, t.chunk * sizeof(float));
     pipe->InitBuffer(partQueue_, 1, blocks_ * sizeof(float));
@@ -56,7 +58,9 @@ class KernelSoftmax {
       if (n_ > 0) {
         LocalTensor<float> x = LoadSegment(r);
         Adds(x, x, -gmax, n_);
+        PipeBarrier<PIPE_V>();
         Exp(x, x, n_);
+        PipeBarrier<PIPE_V>();
         s = Reduce(x, n_, false);
         inQueue_.FreeTensor(x);
       }
@@ -70,7 +74,9 @@ class KernelSoftmax {
       LocalTensor<float> x = LoadSegment(r);
       LocalTensor<float> y = outQueue_.AllocTensor<float>();
       Adds(y, x, -gmax, n_);
+      PipeBarrier<PIPE_V>();
       Exp(y, y, n_);
+      PipeBarrier<PIPE_V>();
       Muls(y, y, 1.0f / total, n_);
       inQueue_.FreeTensor(x);
       outQueue_.EnQue(y);
@@ -133,6 +139,7 @@ class KernelSoftmax {
 
 extern "C" __global__ __aicore__ void softmax_cross_core(GM_ADDR x, GM_ADDR out, GM_ADDR workspace,
                                                           GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);  // SyncAll: a MIX kernel (AIV only, 1:0)
   const SoftmaxTiling t = *reinterpret_cast<__gm__ SoftmaxTiling*>(tiling);
   TPipe pipe;
   KernelSoftmax op;

@@ -144,7 +144,7 @@ extern "C" __global__ __aicore__ void v_compare_count(GM_ADDR x, GM_ADDR out) {
   TBuf<TPosition::VECCALC> a, m;
   pipe.InitBuffer(a, 128 * sizeof(float));
   pipe.InitBuffer(m, 32);
-  Compares(m.Get<uint8_t>(), a.Get<float>(), 0.0f, CMPMODE::GT, 100);
+  CompareScalar(m.Get<uint8_t>(), a.Get<float>(), 0.0f, CMPMODE::GT, 100);
 }
 
 extern "C" __global__ __aicore__ void v_waitflag(GM_ADDR x, GM_ADDR out) {
@@ -159,6 +159,7 @@ extern "C" __global__ __aicore__ void v_setflag_unpaired(GM_ADDR x, GM_ADDR out)
 
 // Block 1 returns early; the others wait in SyncAll.
 extern "C" __global__ __aicore__ void v_syncall_skipped(GM_ADDR x, GM_ADDR out) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   TPipe pipe;
   if (GetBlockIdx() == 1) return;
   SyncAll();
@@ -166,6 +167,7 @@ extern "C" __global__ __aicore__ void v_syncall_skipped(GM_ADDR x, GM_ADDR out) 
 
 // Any kernel with SyncAll: block_dim must fit the vector cores.
 extern "C" __global__ __aicore__ void v_syncall_ok(GM_ADDR x, GM_ADDR out) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0);
   TPipe pipe;
   SyncAll();
   SyncAll();

@@ -11,6 +11,10 @@
   the bundle and the runtime work as for cpu kernels. The SoC profile is
   ``$ASCENDC_PACK_NPU_SOC`` (default Ascend910B2).
 
+The target CANN release (which AscendC API the kernels may call, :mod:`.api`) is
+``$ASCENDC_PACK_NPU_CANN`` (``build --cann``), else the toolkit's on an Ascend host, else the
+oldest supported (8.5.0).
+
 Both write ``manifest.backend = "npu"`` with the SoC in ``target.soc`` and ``target.emulated``.
 """
 
@@ -40,17 +44,12 @@ import ascendc_pack.backends.npu.device as device
 import ascendc_pack.backends.npu.toolchain as toolchain
 from ascendc_pack.backends.npu.codegen import TEMPLATE_VERSION, render
 from ascendc_pack.backends.npu.layout import unsupported_reason
-from ascendc_pack.backends.npu.tiling import DEFAULT_SOC, SOCS, NpuTarget, SocProfile, plan_for, propose
+from ascendc_pack.backends.npu.api import resolve_cann
+from ascendc_pack.backends.npu.tiling import DEFAULT_SOC, NpuTarget, SocProfile, plan_for, propose, soc_profile
 
 ENV_SOC = "ASCENDC_PACK_NPU_SOC"
-ARTIFACT_VERSION = "ascendc-pack/npu-artifact/v1"
-
-
-def _soc_profile(name: str, source: str) -> SocProfile:
-    if name not in SOCS:
-        raise ConfigError(f"{source}: unknown Ascend SoC {name!r}; the npu backend knows "
-                          f"{', '.join(sorted(SOCS))}")
-    return SOCS[name]
+ENV_CANN = "ASCENDC_PACK_NPU_CANN"
+ARTIFACT_VERSION = "ascendc-pack/npu-artifact/v2"
 
 
 class _NpuCommon:
@@ -59,8 +58,9 @@ class _NpuCommon:
     name = "npu"
     emulated = False
 
-    def __init__(self, soc: SocProfile):
+    def __init__(self, soc: SocProfile, cann: str):
         self.soc = soc
+        self.cann = cann
 
     def target(self, config: BuildConfig) -> NpuTarget:
         limit = self.core_limit()
@@ -84,7 +84,7 @@ class _NpuCommon:
         c, p = tiling.candidate, tiling.params
         source = render(plan_for(spec, p), tile=p["tile"], buffer_num=p["buf"], block_dim=p["bd"],
                         kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
-                        soc=self.soc.name, emulate=self.emulated, isa=isa)
+                        soc=self.soc.name, emulate=self.emulated, isa=isa, cann=self.cann)
         return source if self.emulated else source + _device_host(spec, tiling, self.soc.name)
 
     def manifest_target(self, config: BuildConfig) -> contract.Target:
@@ -106,16 +106,17 @@ class EmulatedNpuBackend(_NpuCommon):
     timing = "emulated"
 
     def __init__(self, env=os.environ):
-        super().__init__(_soc_profile(env.get(ENV_SOC, DEFAULT_SOC), ENV_SOC))
+        super().__init__(soc_profile(env.get(ENV_SOC, DEFAULT_SOC), ENV_SOC), resolve_cann(env.get(ENV_CANN), env))
 
     def artifact_hash(self, spec_text: str, template_version: str, config: BuildConfig) -> str:
         return stable_hash(ARTIFACT_VERSION, compiler.package_version(), spec_text, TEMPLATE_VERSION,
-                           "emulated", self.soc.name, self.target(config).cores,
-                           toolchain.hashed_emulation_flags(config.march), ",".join(self.isa(config)))
+                           "emulated", self.soc.name, self.target(config).cores, self.cann,
+                           toolchain.hashed_emulation_flags(config.march, self.cann), ",".join(self.isa(config)))
 
     def compile(self, builds: list[KernelBuild], config: BuildConfig,
                 progress: Callable[[int], None] | None = None) -> list[CompiledKernel]:
-        return compiler.compile_kernels(builds, config, progress, flags=toolchain.emulation_flags(config.march))
+        return compiler.compile_kernels(builds, config, progress,
+                                        flags=toolchain.emulation_flags(config.march, self.cann))
 
     def isa(self, config: BuildConfig) -> list[str]:
         return compiler.isa_features(config.march)  # emulated kernels are CPU code
@@ -133,7 +134,7 @@ class EmulatedNpuBackend(_NpuCommon):
 class NpuBackend(_NpuCommon):
     """``--backend npu`` on an Ascend host (torch_npu, CANN). Not run on our machines."""
 
-    timing = "npu-event"
+    timing = "npu-profiler"
 
     def __init__(self, env=os.environ):
         self.env = env
@@ -148,18 +149,27 @@ class NpuBackend(_NpuCommon):
                 "--backend npu compiles with CANN and runs on an Ascend NPU through torch_npu, and this host "
                 "cannot: " + " ".join(f"({k}) {m}" for k, m in enumerate(missing, 1)) + " Nothing was built. "
                 "To run the npu pipeline here, against the AscendC emulation on this CPU, add --emulate.")
-        super().__init__(_soc_profile(device.soc_name(), "torch.npu.get_device_name()"))
+        soc = soc_profile(device.soc_name(), "torch.npu.get_device_properties().name")
+        super().__init__(soc.with_cores(device.vector_cores(soc.vector_cores)), resolve_cann(env.get(ENV_CANN), env))
+        self.timing = device.timing_kind()
 
     def core_limit(self) -> int:
         return device.device_limit(self.soc.vector_cores)
 
     def artifact_hash(self, spec_text: str, template_version: str, config: BuildConfig) -> str:
         return stable_hash(ARTIFACT_VERSION, compiler.package_version(), spec_text, TEMPLATE_VERSION, "device",
-                           self.soc.name, self.target(config).cores, toolchain.bisheng(self.env),
+                           self.soc.name, self.target(config).cores, self.cann, toolchain.bisheng(self.env),
                            " ".join(toolchain.cann_flags(self.soc.name, self.env)))
 
     def compile(self, builds: list[KernelBuild], config: BuildConfig,
                 progress: Callable[[int], None] | None = None) -> list[CompiledKernel]:
+        if config.debug:  # the command of this toolkit's layout (docs/NPU.md shows both layouts)
+            import shlex
+            import sys
+
+            print(f"npu: CANN {self.cann}, SoC {self.soc.name} ({self.soc.vector_cores} vector cores): "
+                  + shlex.join(toolchain.cann_command(Path("kernel.cpp"), Path("kernel.so"), self.soc.name, self.env)),
+                  file=sys.stderr)
         return compiler.compile_kernels(builds, config, progress, cxx=toolchain.bisheng(self.env),
                                         flags=toolchain.cann_flags(self.soc.name, self.env))
 
@@ -170,7 +180,7 @@ class NpuBackend(_NpuCommon):
         return device.NpuFusedKernel(spec, device.NpuKernelLibrary(so_path, kernel_key))
 
     def timer(self, kernels: list, args: list[torch.Tensor]) -> autotune.Measure:
-        return device.event_measure(kernels, args)
+        return device.device_measure(kernels, args)
 
     def sandbox(self) -> device.DeviceSandbox:
         return device.DeviceSandbox()

@@ -29,7 +29,10 @@ from pathlib import Path
 
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.backends.npu.layout import NpuLayout
+from ascendc_pack.backends.npu.api import DEFAULT_CANN, scalar_compare
+from ascendc_pack.backends.npu.emit import SCALAR_COMPARE
 from ascendc_pack.backends.npu.planner import GM_TYPE, REDUCE_IDENTITY, ROW_SLOT, Function, Planner
+from ascendc_pack.backends.npu.sync import insert_barriers
 
 TEMPLATES = ("kernel/npu/vector.cpp.j2", "kernel/npu/emu_host.cpp.j2")
 
@@ -41,7 +44,7 @@ def _generator_version() -> str:
     for name in TEMPLATES:
         h.update(env.loader.get_source(env, name)[0].encode())
     here = Path(__file__).parent
-    for module in ("codegen.py", "planner.py", "emit.py", "layout.py"):
+    for module in ("codegen.py", "planner.py", "emit.py", "layout.py", "sync.py"):
         h.update((here / module).read_bytes())
     return "npu-vector-v1-" + h.hexdigest()[:16]
 
@@ -215,7 +218,8 @@ def plan_kernel(layout: NpuLayout, mode: str, resident: bool) -> KernelPlan:
         raise ValueError(f"mode {mode!r} does not fit a {'col' if layout.col else 'row'} layout")
     process = {"row": _plan_row, "split": _plan_split, "col": _plan_col}[mode](p)
     scalars = sorted(set(p.scalar_of.values()), key=lambda s: int(s[1:-1]))
-    return KernelPlan(layout=layout, mode=mode, resident=p.resident, functions=p.functions, process=process,
+    functions = [Function(f.signature, insert_barriers(f.body)) for f in p.functions]
+    return KernelPlan(layout=layout, mode=mode, resident=p.resident, functions=functions, process=process,
                       scalars=scalars, work_slots=p.work_slots, acc_slots=p.acc_slots,
                       row_slots=max(p.n_row_slots, 1), in_esize=p.in_esize, out_esize=p.out_esize,
                       uses={**p.em.uses, "guard": p.guard}, n_reductions=len(p.reds))
@@ -270,8 +274,10 @@ def gm_span(shape, stride) -> int:
 
 
 def render(plan: KernelPlan, *, tile: int, buffer_num: int, block_dim: int, kernel_key: str, tiling_repr: str,
-           workspace: int, soc: str, emulate: bool, isa: str) -> str:
-    """The complete source of one candidate (the emulation host shim appended when ``emulate``)."""
+           workspace: int, soc: str, emulate: bool, isa: str, cann: str = DEFAULT_CANN) -> str:
+    """The complete source of one candidate for CANN release ``cann`` (the emulation host shim
+    appended when ``emulate``): the scalar comparison gets the release's name, a kernel with
+    ``SyncAll`` is typed ``KERNEL_TYPE_MIX_AIV_1_0``."""
     lay = plan.layout
     spec = lay.spec
     seg = -(-lay.inner // block_dim)
@@ -290,9 +296,10 @@ def render(plan: KernelPlan, *, tile: int, buffer_num: int, block_dim: int, kern
         "uses": plan.uses, "functions": plan.functions, "process": plan.process, "scalars": plan.scalars,
         "ws_floats": lay.rows * plan.n_reductions * block_dim if plan.mode == "split" else 0,
         "red_work": red_work_floats(tile), "mask_stride": _r32(max(32, tile // 8)),
+        "cann": cann, "mix": any("SyncAll()" in line for line in plan.process),
     }
     env = template_env()
-    text = env.get_template(TEMPLATES[0]).render(**ctx)
+    text = env.get_template(TEMPLATES[0]).render(**ctx).replace(SCALAR_COMPARE, scalar_compare(cann))
     if emulate:
         text += env.get_template(TEMPLATES[1]).render(**ctx)
     return text

@@ -13,7 +13,8 @@ choices that matter for parity with eager PyTorch:
   approximate, about 1e-4 relative, outside float32 tolerances); bfloat16 results use them;
 * subtraction of a scalar is ``Adds(x, -s)`` (exact), of a tensor from a scalar
   ``Adds(Muls(x, -1), s)`` (exact);
-* comparisons produce a bit mask with ``Compare``/``Compares`` over whole repeats (``np``) and
+* comparisons produce a bit mask with ``Compare``/``CompareScalar`` (``Compares`` from CANN 9.0) over whole
+  repeats (``np``) and
   ``Select`` turns it into 0.0/1.0; ``where`` selects with the mask;
 * ``tanh`` = 1 - 2 / (exp(2x) + 1), ``sigmoid`` = 1 / (1 + exp(-x)), ``erf`` = Abramowitz-Stegun
   7.1.26 (absolute error <= 1.5e-7) with the sign restored by ``Select``;
@@ -32,6 +33,9 @@ from ascendc_pack.ir.fusion import ConstNode, KernelSpec
 from ascendc_pack.ir.ops import c_literal
 from ascendc_pack.backends.npu.layout import BOOL_BITWISE
 
+SCALAR_COMPARE = "@CMPS@"
+"""The tensor-vs-scalar comparison, named at render time for the target CANN release
+(:func:`ascendc_pack.backends.npu.api.scalar_compare`: ``CompareScalar`` in 8.x, ``Compares`` from 9.0)."""
 HALF_LIMIT = {"float16": "65520.0f", "bfloat16": "3.3961775e38f"}
 """|x| at and above which a float rounds to infinity in the 16-bit dtype (round to nearest even)."""
 ROUND16_TYPE = {"float16": "half", "bfloat16": "bfloat16_t"}
@@ -113,7 +117,7 @@ class OpEmitter:
     def to_bool(self, sc: Scope, dst: str, o: Operand, temps) -> str:
         """0.0/1.0 of ``o != 0`` into dst."""
         v = self.vec(sc, o, temps)
-        sc.emit(f"Compares({self.mask()}, {v}, 0.0f, CMPMODE::NE, {sc.pad});")
+        sc.emit(f"{SCALAR_COMPARE}({self.mask()}, {v}, 0.0f, CMPMODE::NE, {sc.pad});")
         sc.emit(f"Select({dst}, {self.mask()}, {self.ones()}, 0.0f, SELMODE::VSEL_TENSOR_SCALAR_MODE, {sc.pad});")
         return dst
 
@@ -222,7 +226,7 @@ class OpEmitter:
                 t = sc.temp()
                 temps.append(t)
                 sc.emit(f"Abs({t}, {v}, {c});")
-                sc.emit(f"Compares({self.mask()}, {t}, AP_INF, CMPMODE::EQ, {sc.pad});")
+                sc.emit(f"{SCALAR_COMPARE}({self.mask()}, {t}, AP_INF, CMPMODE::EQ, {sc.pad});")
             self.mask_to_float(sc, dst)
             return dst
         if op in ("logical_not", "bool_not"):
@@ -315,12 +319,12 @@ class OpEmitter:
         if a.kind == "V" and b.kind == "V":
             sc.emit(f"Compare({m}, {a.expr}, {b.expr}, CMPMODE::{CMP[op]}, {sc.pad});")
         elif a.kind == "V":
-            sc.emit(f"Compares({m}, {a.expr}, {b.expr}, CMPMODE::{CMP[op]}, {sc.pad});")
+            sc.emit(f"{SCALAR_COMPARE}({m}, {a.expr}, {b.expr}, CMPMODE::{CMP[op]}, {sc.pad});")
         elif b.kind == "V":
-            sc.emit(f"Compares({m}, {b.expr}, {a.expr}, CMPMODE::{CMP[MIRROR[op]]}, {sc.pad});")
+            sc.emit(f"{SCALAR_COMPARE}({m}, {b.expr}, {a.expr}, CMPMODE::{CMP[MIRROR[op]]}, {sc.pad});")
         else:
             v = self.vec(sc, a, temps)
-            sc.emit(f"Compares({m}, {v}, {b.expr}, CMPMODE::{CMP[op]}, {sc.pad});")
+            sc.emit(f"{SCALAR_COMPARE}({m}, {v}, {b.expr}, CMPMODE::{CMP[op]}, {sc.pad});")
         self.mask_to_float(sc, dst)
         return dst
 
@@ -338,10 +342,10 @@ class OpEmitter:
             return dst
         m = self.mask()
         if a.kind == "S" and b.kind == "V":  # swap so the tensor is src0
-            sc.emit(f"Compares({m}, {cond.expr}, 0.0f, CMPMODE::EQ, {sc.pad});")
+            sc.emit(f"{SCALAR_COMPARE}({m}, {cond.expr}, 0.0f, CMPMODE::EQ, {sc.pad});")
             sc.emit(f"Select({dst}, {m}, {b.expr}, {a.expr}, SELMODE::VSEL_TENSOR_SCALAR_MODE, {sc.pad});")
             return dst
-        sc.emit(f"Compares({m}, {cond.expr}, 0.0f, CMPMODE::NE, {sc.pad});")
+        sc.emit(f"{SCALAR_COMPARE}({m}, {cond.expr}, 0.0f, CMPMODE::NE, {sc.pad});")
         va = self.vec(sc, a, temps)
         if b.kind == "S":
             sc.emit(f"Select({dst}, {m}, {va}, {b.expr}, SELMODE::VSEL_TENSOR_SCALAR_MODE, {sc.pad});")
@@ -355,7 +359,7 @@ class OpEmitter:
         ax, t, q = sc.temp(), sc.temp(), sc.temp()
         temps += [ax, t, q]
         m = self.mask()
-        sc.emit(f"Compares({m}, {x}, 0.0f, CMPMODE::LT, {sc.pad});")
+        sc.emit(f"{SCALAR_COMPARE}({m}, {x}, 0.0f, CMPMODE::LT, {sc.pad});")
         sc.emit(f"Abs({ax}, {x}, {c});")
         sc.emit(f"Muls({t}, {ax}, {flit(ERF_P)}, {c});")
         sc.emit(f"Adds({t}, {t}, 1.0f, {c});")

@@ -173,8 +173,8 @@ class Planner:
         sc = self._row_scope(lines)
         dst = self._new_row_slot(nid)
         out = self.em.emit(sc, nid, dst)
-        if out != dst:
-            sc.emit(f"DataCopy({dst}, {out}, 8);")
+        if out != dst:  # a Vector copy: UB->UB DataCopy VECCALC->VECCALC is not a documented path
+            sc.emit(f"Muls({dst}, {out}, 1.0f, 8);")
 
     def _row_load(self, lines: list[str], nid: int) -> None:
         acc = self.lay.loads[nid]
@@ -196,8 +196,7 @@ class Planner:
                   "  smallQ_.EnQue(t);", "  t = smallQ_.DeQue<uint8_t>();",
                   "  " + self._to_float(acc.dtype, dst, "t", "1"), "  smallQ_.FreeTensor(t);", "}"]
         if self.lay.col:
-            lines += ["SetFlag<HardEvent::V_S>(EVENT_ID0);", "WaitFlag<HardEvent::V_S>(EVENT_ID0);",
-                      f"Duplicate({final}, rowTmp_.GetValue(0), n);"]
+            lines += ["SyncVS();", f"Duplicate({final}, rowTmp_.GetValue(0), n);"]
 
     def _to_float(self, dtype: str, dst: str, src: str, count: str) -> str:
         """Convert a GM-typed UB view (``src``, a uint8 tensor) to float ``dst``."""
@@ -211,7 +210,9 @@ class Planner:
 
     def _from_float(self, dtype: str, view: str, v: str, count: str, pad: str) -> str:
         """Convert float ``v`` into a GM-typed UB view (``view``, a uint8 tensor)."""
-        if dtype == "float32":
+        if dtype == "float32":  # UB->UB DataCopy only VECCALC -> VECOUT; from a VECIN view: a Vector copy
+            if v.startswith("inT"):
+                return f"Muls({view}.ReinterpretCast<float>(), {v}, 1.0f, {pad});"
             return f"DataCopy({view}.ReinterpretCast<float>(), {v}, {pad});"
         if dtype == "bool":
             self.em.uses["half"] = True
@@ -225,7 +226,7 @@ class Planner:
         want = [n for n in nids if n in self.tile_consumed]
         if not want or self.lay.col:
             return
-        lines += ["SetFlag<HardEvent::V_S>(EVENT_ID0);", "WaitFlag<HardEvent::V_S>(EVENT_ID0);"]
+        lines.append("SyncVS();")  # the scalar unit waits for the Vector unit (V_S, an event from the TPipe)
         for nid in want:
             self.scalar_of[nid] = f"s{nid}_"
             lines.append(f"s{nid}_ = rowv_.GetValue({self.row_slot[nid] * ROW_SLOT});")

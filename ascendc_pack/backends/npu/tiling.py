@@ -26,7 +26,7 @@ with constants of :class:`SocProfile` (documented as approximations; PGO measure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ascendc_pack.ir.candidate import Candidate
@@ -37,7 +37,7 @@ from ascendc_pack.backends.npu.layout import NpuLayout, Unsupported, analyze
 
 TILES = (16384, 8192, 4096, 2048, 1024, 512, 256)
 VECTOR_APIS = ("Add(", "Sub(", "Mul(", "Div(", "Max(", "Min(", "Adds(", "Muls(", "Maxs(", "Mins(", "Exp(", "Ln(",
-               "Abs(", "Sqrt(", "Rsqrt(", "Reciprocal(", "Relu(", "Cast(", "Compare(", "Compares(", "Select(",
+               "Abs(", "Sqrt(", "Rsqrt(", "Reciprocal(", "Relu(", "Cast(", "Compare(", "@CMPS@(", "Select(",
                "Duplicate(", "DataCopy(", "Round16<", "ReduceSum(", "ReduceMax(", "ReduceMin(", "NanGuard(")
 
 
@@ -45,14 +45,18 @@ VECTOR_APIS = ("Add(", "Sub(", "Mul(", "Div(", "Max(", "Min(", "Adds(", "Muls(",
 class SocProfile:
     """What the cost model and the emulation know about an Ascend SoC.
 
-    ``vector_cores``/``ub_bytes``: the emulation's profiles (docs/ASCENDC_EMU.md, from CANN's
-    platform_config and the NPU architecture 2201 storage table); ``ub_usable``: what InitBuffer
-    may take (UB minus the 256 B framework and 8 KiB API reserves). Bandwidths and clock are
-    rough public figures for Atlas A2 parts, used to rank candidates only.
+    ``vector_cores``: the default for the emulation; on a device the count comes from
+    ``torch.npu.get_device_properties(dev).vector_core_num`` (:meth:`with_cores`). ``arch``: the
+    ``--cce-aicore-arch`` of its Vector cores; ``ub_bytes``: Unified Buffer per vector core (192
+    KiB on NPU architecture 2201, the programming guide's storage table); ``ub_usable``: what
+    InitBuffer may take (UB minus the 256 B framework and 8 KiB API reserves). Bandwidths and clock
+    are rough public figures for Atlas A2 parts, used to rank candidates only.
     """
 
     name: str
     vector_cores: int
+    arch: str = "dav-c220-vec"
+    family: str = "Atlas A2"
     ub_bytes: int = 192 * 1024
     ub_usable: int = 192 * 1024 - 256 - 8 * 1024
     hbm_gbps: float = 1600.0
@@ -64,10 +68,47 @@ class SocProfile:
     sync_all_us: float = 2.0
     scalar_sync_us: float = 0.05
 
+    def with_cores(self, vector_cores: int) -> "SocProfile":
+        """This SoC with the vector-core count a device reports."""
+        return replace(self, vector_cores=int(vector_cores))
 
-SOCS = {p.name: p for p in (SocProfile("Ascend910B2", 48), SocProfile("Ascend910B3", 40),
-                            SocProfile("Ascend910B4", 40, hbm_gbps=800.0))}
+
+_A2 = [SocProfile("Ascend910B1", 48), SocProfile("Ascend910B2", 48), SocProfile("Ascend910B2C", 48),
+       SocProfile("Ascend910B3", 40), SocProfile("Ascend910B4", 40, hbm_gbps=800.0),
+       SocProfile("Ascend910B4_1", 40, hbm_gbps=800.0)]
+_A3 = [SocProfile(f"Ascend910_{n}", cores, family="Atlas A3")
+       for n, cores in (("9391", 48), ("9392", 48), ("9381", 48), ("9382", 48), ("9372", 40), ("9362", 40),
+                        ("9363", 40))]
+SOCS = {p.name: p for p in _A2 + _A3}
+"""The SoCs the Vector generator serves: Atlas A2 (910B1-B4) and A3 (910_93xx), NPU architecture
+2201. Names as torch_npu reports them (``c10_npu::SocVersion``, ``torch.npu.get_device_name``)."""
 DEFAULT_SOC = "Ascend910B2"
+UNSERVED = {
+    "Ascend310P": "Atlas inference products (NPU architecture 2002, dav-m200): their AI Core has no separate "
+                  "Vector cores, no hard SyncAll (the SyncAll page: not supported) and no bfloat16, which the "
+                  "generated kernels use",
+    "Ascend310B": "Atlas 200I/500 A2 inference products: SyncAll and GetUserWorkspace are not supported there "
+                  "(API reference)",
+    "Ascend910A": "Atlas training products (first generation, NPU architecture 1001): no DataCopyPad and no hard "
+                  "SyncAll",
+    "Ascend910ProA": "Atlas training products (first generation)", "Ascend910ProB": "Atlas training products "
+                     "(first generation)", "Ascend910PremiumA": "Atlas training products (first generation)",
+    "Ascend950": "Ascend 950 (NPU architecture 3510): a different Vector architecture, not generated for yet",
+}
+
+
+def soc_profile(name: str, source: str = "SoC") -> SocProfile:
+    """The profile of ``name`` (``Ascend910B2``, ``Ascend910_9392``, ...); a ConfigError naming the
+    SoC and why for one the Vector generator does not serve (310P, 310B, 910A, 950)."""
+    from ascendc_pack.errors import ConfigError
+
+    if name in SOCS:
+        return SOCS[name]
+    for prefix, why in UNSERVED.items():
+        if name.startswith(prefix) and (prefix != "Ascend910A" or name == "Ascend910A"):
+            raise ConfigError(f"{source}: {name} is not supported by the npu backend: {why}. Build with --backend cpu, "
+                              f"or for an Atlas A2/A3 SoC ({', '.join(sorted(SOCS))})")
+    raise ConfigError(f"{source}: unknown Ascend SoC {name!r}; the npu backend knows {', '.join(sorted(SOCS))}")
 
 
 @dataclass(frozen=True)

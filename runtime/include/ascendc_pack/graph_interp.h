@@ -36,6 +36,7 @@
 #include "ascendc_pack/graph_program.h"
 #include "ascendc_pack/kernel_abi.h"
 #include "ascendc_pack/kernel_pool.h"
+#include "ascendc_pack/npu_launch.h"
 #include "ascendc_pack/task_pool.h"
 
 namespace ap_interp {
@@ -95,9 +96,22 @@ c10::MemoryFormat memory_format(int64_t code) {
   fail("internal error: unknown memory format " + std::to_string(code));
 }
 
+// ---- the graph's device ------------------------------------------------------------------
+// cpu, or (a device npu bundle: graph.so compiled with -DAP_WITH_TORCH_NPU) the current NPU.
+// Tensors the graph creates live there, inputs and weights must come from there.
+#ifdef AP_WITH_TORCH_NPU
+c10::Device graph_device() { return c10::Device(c10::DeviceType::PrivateUse1, c10_npu::current_device()); }
+#else
+c10::Device graph_device() { return c10::Device(c10::DeviceType::CPU); }
+#endif
+
 // ---- memory --------------------------------------------------------------------------------
 at::Tensor empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dt) {
+#ifdef AP_WITH_TORCH_NPU
+  return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dt).device(graph_device()));
+#else
   return at::detail::empty_strided_cpu(sizes, strides, dt);
+#endif
 }
 
 void release_arena_ref(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
@@ -114,7 +128,8 @@ at::Tensor arena_buffer(const at::Tensor& arena, int64_t byte_offset, int64_t nb
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr,
                        /*resizable=*/false);
   auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), c10::scalarTypeToTypeMeta(dt));
+      std::move(storage), c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, c10::kStrided, arena.device())),
+      c10::scalarTypeToTypeMeta(dt));
   impl->set_sizes_and_strides(sizes, strides, std::optional<int64_t>(0));
   return at::Tensor(std::move(impl));
 }
@@ -161,6 +176,9 @@ struct Kernel {
   // the same kernel on the graph's task pool (kernel_pool.h); null: the library runs OpenMP only
   int (*launch_pool)(void* const*, void* const*, void*, int32_t, const ap_pool*) = nullptr;
   const ap_kernel_spec* spec = nullptr;
+  // an npu kernel library's device entry (npu_launch.h): launched through the npu launcher
+  ap_npu_launch_fn npu_launch = nullptr;
+  int64_t workspace = 0;  // its ap_kernel_info workspace bytes (the launcher allocates them)
 };
 
 // The task pool kernels run on, or null when ASCENDC_PACK_TASK_POOL=0 (every kernel then runs
@@ -188,6 +206,7 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
       dlsym(k.handle, "ap_kernel_launch"));
   k.launch_pool = reinterpret_cast<int (*)(void* const*, void* const*, void*, int32_t, const ap_pool*)>(
       dlsym(k.handle, "ap_kernel_launch_pool"));
+  k.npu_launch = reinterpret_cast<ap_npu_launch_fn>(dlsym(k.handle, "ap_npu_launch"));
   std::string where = std::string("kernel library ") + spec.file;
   if (!describe || !k.launch) {
     dlclose(k.handle);
@@ -216,10 +235,25 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
     fail(where + " is not the kernel this graph was built with: " + problem +
          "; the bundle was modified or assembled from mismatched files, rebuild it");
   }
+  k.workspace = info->workspace;
+#ifdef AP_WITH_TORCH_NPU
+  if (!k.npu_launch) {
+    dlclose(k.handle);
+    fail(where + " has no ap_npu_launch: a device npu graph runs npu kernel libraries only; rebuild the bundle");
+  }
+#endif
   return k;
 }
 
 inline void launch(const Kernel& k, void* const* ins, void* const* outs, void* ws, int32_t max_threads) {
+  if (k.npu_launch) {  // npu kernel: stream, workspace and queue from the device (npu_launch.h)
+    std::string error;
+    const int rc = ascendc_pack::npu::launch(
+        ascendc_pack::npu::active_device(), k.spec->name, k.npu_launch, k.workspace,
+        std::vector<void*>(ins, ins + k.spec->n_inputs), std::vector<void*>(outs, outs + k.spec->n_outputs), &error);
+    if (rc != 0) fail(error + " (kernel_key " + k.spec->kernel_key + ")");
+    return;
+  }
   const ap_pool* pool = k.launch_pool ? kernel_pool() : nullptr;
   int rc = pool ? k.launch_pool(ins, outs, ws, max_threads, pool) : k.launch(ins, outs, ws, max_threads);
   if (rc != 0)
@@ -254,7 +288,9 @@ void check_tensors(const std::vector<at::Tensor>& ts, const ap_tensor_spec* spec
     c10::IntArrayRef sizes(s.sizes, s.ndim), strides(s.strides, s.ndim);
     std::string name = std::string(what) + " " + std::to_string(i) + " (" + s.name + ")";
     if (!t.defined()) fail(name + " is undefined");
-    if (!t.device().is_cpu()) fail(name + " is on " + t.device().str() + ", expected cpu");
+    if (t.device().type() != graph_device().type())
+      fail(name + " is on " + t.device().str() + ", expected " + graph_device().str() +
+           " (the device this bundle's graph runs on)");
     if (t.scalar_type() != dtype(s.dtype))
       fail(name + " has dtype " + c10::toString(t.scalar_type()) + ", expected " + c10::toString(dtype(s.dtype)));
     if (t.sizes() != sizes)
@@ -320,7 +356,7 @@ c10::IValue constant(const ap_arg& a) {
     case AP_ARG_DTYPE: return c10::IValue(dtype(a.i));
     case AP_ARG_LAYOUT_STRIDED: return c10::IValue(c10::Layout::Strided);
     case AP_ARG_MEMORY_FORMAT: return c10::IValue(memory_format(a.i));
-    case AP_ARG_DEVICE_CPU: return c10::IValue(c10::Device(c10::DeviceType::CPU));
+    case AP_ARG_DEVICE_CPU: return c10::IValue(graph_device());  // the captured device: the graph's
     case AP_ARG_WRAPPED_INT: return c10::IValue(wrapped_scalar<int64_t>(a.i, c10::ScalarType::Long));
     case AP_ARG_WRAPPED_DOUBLE: return c10::IValue(wrapped_scalar<double>(a.d, c10::ScalarType::Double));
     case AP_ARG_WRAPPED_BOOL: return c10::IValue(wrapped_scalar<bool>(a.i != 0, c10::ScalarType::Bool));
@@ -424,7 +460,11 @@ int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
   S.w = std::move(weights);
   for (int32_t i = 0; i < G.n_kernels; ++i) S.kernels.push_back(load_kernel(root, G.kernels[i]));
   S.arena = empty_strided({G.arena_bytes}, {1}, c10::ScalarType::Byte);
+#ifdef AP_WITH_TORCH_NPU
+  if (G.arena_bytes > 0) S.arena.zero_();
+#else
   if (G.arena_bytes > 0) std::memset(S.arena.data_ptr(), 0, G.arena_bytes);  // fault pages in once
+#endif
   S.t.resize(G.n_static);
   S.ops.reserve(G.n_ops);
   for (int32_t i = 0; i < G.n_ops; ++i) {

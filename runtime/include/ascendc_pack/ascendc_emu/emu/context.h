@@ -11,6 +11,7 @@
 #ifndef ASCENDC_EMU_CONTEXT_H
 #define ASCENDC_EMU_CONTEXT_H
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -40,10 +41,16 @@ struct SocProfile {
   uint32_t que_buffers_per_position;  // eventIDs per TPosition (TQue buffer limit)
 };
 
+// Atlas A2 (910B*) and A3 (910_93*) share NPU architecture 2201; a device reports its own core
+// counts (the npu backend reads them from torch_npu), these are the emulation's defaults.
 inline constexpr SocProfile kSocProfiles[] = {
-    {"Ascend910B2", 48, 24, 192 * 1024, 8},
-    {"Ascend910B3", 40, 20, 192 * 1024, 8},
-    {"Ascend910B4", 40, 20, 192 * 1024, 8},
+    {"Ascend910B1", 48, 24, 192 * 1024, 8},    {"Ascend910B2", 48, 24, 192 * 1024, 8},
+    {"Ascend910B2C", 48, 24, 192 * 1024, 8},   {"Ascend910B3", 40, 20, 192 * 1024, 8},
+    {"Ascend910B4", 40, 20, 192 * 1024, 8},    {"Ascend910B4_1", 40, 20, 192 * 1024, 8},
+    {"Ascend910_9391", 48, 24, 192 * 1024, 8}, {"Ascend910_9392", 48, 24, 192 * 1024, 8},
+    {"Ascend910_9381", 48, 24, 192 * 1024, 8}, {"Ascend910_9382", 48, 24, 192 * 1024, 8},
+    {"Ascend910_9372", 40, 20, 192 * 1024, 8}, {"Ascend910_9362", 40, 20, 192 * 1024, 8},
+    {"Ascend910_9363", 40, 20, 192 * 1024, 8},
 };
 inline constexpr const char* kDefaultSoc = "Ascend910B2";
 // UB the framework keeps back from kernels: 256 B always, plus 8 KiB for the APIs that need a
@@ -129,6 +136,7 @@ struct BufferSlot {
   uint32_t generation;  // bumped by FreeTensor: stale LocalTensor handles are detected
   QueueState* owner;
   uint32_t index;
+  uint64_t enque_insn = 0;  // the last instruction before its EnQue (what DeQue synchronises)
 };
 
 struct QueueState {
@@ -146,6 +154,22 @@ struct QueueState {
 };
 
 enum class AtomicMode : uint8_t { NONE, ADD, MAX, MIN };
+
+// ------------------------------------------------------------------------------ pipelines
+// The hardware pipelines an instruction runs on (AscendC programming guide, "core synchronisation"):
+// S the scalar unit, V the Vector unit, MTE2 GM->UB copies, MTE3 UB->GM copies. Instructions of
+// different pipes, and on arch 2201 dependent instructions of the V pipe, are ordered only by
+// explicit synchronisation (EnQue/DeQue, SetFlag/WaitFlag, PipeBarrier) unless the compiler's
+// auto-sync (--cce-auto-sync) inserts it. The emulation runs every instruction at once, so it
+// tracks the UB ranges each pipe has in flight and aborts where the device would race.
+enum class Pipe : uint8_t { S, V, MTE2, MTE3 };
+
+struct PipeRange {
+  const uint8_t* lo;
+  const uint8_t* hi;
+  uint64_t insn;  // the instruction that touched it (its own operands never conflict)
+  const char* api;
+};
 
 // ------------------------------------------------------------------------------ block state
 class BlockContext {
@@ -200,6 +224,18 @@ class BlockContext {
   AtomicMode atomic = AtomicMode::NONE;
   const char* atomic_type = "";
 
+  // Pipe ordering (see Pipe): the current instruction and the ranges in flight.
+  uint64_t insn = 0;
+  int insn_depth = 0;
+  Pipe insn_pipe = Pipe::S;
+  std::vector<PipeRange> v_writes, v_reads;  // V instructions since the last PipeBarrier<PIPE_V>
+  std::vector<PipeRange> v_unsynced_s;       // V writes the scalar unit may not read yet (V_S)
+  std::vector<PipeRange> v_unsynced_mte3;    // V writes MTE3 may not copy out yet (V_MTE3 / VECOUT DeQue)
+  std::vector<PipeRange> mte2_pending;       // GM->UB copies V/S may not read yet (MTE2_V / VECIN DeQue)
+  const char* insn_api = "";
+  int kernel_type = -1;                      // KERNEL_TASK_TYPE_DEFAULT(...), -1: not set
+  uint8_t* sys_workspace = nullptr;          // SetSysWorkspace(...)
+
  private:
   const Launch& launch_;
   uint32_t block_idx_;
@@ -218,12 +254,44 @@ inline BlockContext& ctx() {
   return *tls_block;
 }
 
+inline void forget_range(BlockContext& c, const uint8_t* p, uint64_t bytes) {
+  for (auto* rs : {&c.v_writes, &c.v_reads, &c.v_unsynced_s, &c.v_unsynced_mte3, &c.mte2_pending}) {
+    rs->erase(std::remove_if(rs->begin(), rs->end(), [&](const PipeRange& r) { return r.lo < p + bytes && p < r.hi; }),
+              rs->end());
+  }
+}
+
 [[noreturn]] inline void violate(const std::string& rule, const std::string& api,
                                  const std::string& detail) {
   const std::string where = tls_block ? tls_block->where() : std::string("no active block");
   throw RuleViolation(str("ascendc_emu: rule '", rule, "' violated by ", api, " (", where,
                           "): ", detail));
 }
+
+inline std::string ub_range(const uint8_t* lo, const uint8_t* hi) {
+  return str("[UB ", ctx().ub_offset(lo), ", +", hi - lo, " B)");
+}
+
+// The instruction being executed (an RAII guard at each API entry; nested API calls belong to the
+// outermost one).
+class Insn {
+ public:
+  Insn(Pipe pipe, const char* api) : c_(tls_block) {
+    if (c_ != nullptr && c_->insn_depth++ == 0) {
+      ++c_->insn;
+      c_->insn_pipe = pipe;
+      c_->insn_api = api;
+    }
+  }
+  ~Insn() {
+    if (c_ != nullptr) --c_->insn_depth;
+  }
+  Insn(const Insn&) = delete;
+  Insn& operator=(const Insn&) = delete;
+
+ private:
+  BlockContext* c_;
+};
 
 // ------------------------------------------------------------------------------ rule checks
 // A LocalTensor as the checks see it.
@@ -236,6 +304,81 @@ struct UbView {
 
 inline std::string ub_desc(const UbView& v) {
   return str("UB offset ", ctx().ub_offset(v.addr), ", ", v.bytes, " B");
+}
+
+// ------------------------------------------------------------------------- pipe ordering
+#ifndef ASCENDC_EMU_AUTO_SYNC
+#define ASCENDC_EMU_AUTO_SYNC 0  // 1: as built with --cce-auto-sync (the compiler orders the pipes)
+#endif
+inline constexpr const char* kSyncDoc =
+    "AscendC API reference: PipeBarrier(ISASI), SetFlag/WaitFlag, TQue EnQue/DeQue (core synchronisation)";
+
+inline const PipeRange* hit(const std::vector<PipeRange>& rs, const uint8_t* lo, const uint8_t* hi,
+                            uint64_t insn) {
+  for (const auto& r : rs) {
+    if (r.insn != insn && r.lo < hi && lo < r.hi) return &r;
+  }
+  return nullptr;
+}
+
+inline void forget_before(std::vector<PipeRange>& rs, uint64_t insn) {
+  rs.erase(std::remove_if(rs.begin(), rs.end(), [&](const PipeRange& r) { return r.insn <= insn; }), rs.end());
+}
+
+// Records (and checks) one UB access of the current instruction. `operand` "dst" is written,
+// "sharedTmpBuffer" read and written, anything else read; accesses outside an instruction are the
+// scalar unit's (LocalTensor::GetValue/SetValue).
+inline void track_access(BlockContext& c, const std::string& api, const char* operand, const uint8_t* p,
+                         uint64_t bytes) {
+  if (ASCENDC_EMU_AUTO_SYNC || bytes == 0) return;
+  const uint8_t* lo = p;
+  const uint8_t* hi = p + bytes;
+  const bool tmp = std::strcmp(operand, "sharedTmpBuffer") == 0;
+  const bool write = tmp || std::strcmp(operand, "dst") == 0 || api.find("SetValue") != std::string::npos;
+  const bool read = tmp || !write || api.find("operator()") != std::string::npos;
+  const Pipe pipe = c.insn_depth ? c.insn_pipe : Pipe::S;
+  const uint64_t id = c.insn_depth ? c.insn : ~uint64_t(0);
+  const char* name = c.insn_depth ? "" : "scalar";
+  if (pipe == Pipe::V || pipe == Pipe::S) {
+    if (const auto* r = hit(c.mte2_pending, lo, hi, id)) {
+      violate(pipe == Pipe::V ? "a Vector instruction touches UB only after the MTE2 copy into it is synchronised"
+                              : "the scalar unit reads UB only after the MTE2 copy into it is synchronised",
+              api, str(operand, " ", ub_range(lo, hi), " is still in flight from ", r->api,
+                       " (GM->UB, MTE2): DeQue it from its VECIN TQue after EnQue, or "
+                       "SetFlag/WaitFlag<HardEvent::", pipe == Pipe::V ? "MTE2_V" : "MTE2_S", "> [", kSyncDoc, "]"));
+    }
+  }
+  if (pipe == Pipe::S && read) {
+    if (const auto* r = hit(c.v_unsynced_s, lo, hi, id)) {
+      violate("a scalar read of UB the Vector unit wrote waits for SetFlag/WaitFlag<HardEvent::V_S>", api,
+              str(operand, " ", ub_range(lo, hi), " was written by ", r->api,
+                  " on the V pipe and no WaitFlag<HardEvent::V_S> came between [", kSyncDoc, "]"));
+    }
+  }
+  if (pipe == Pipe::V) {
+    const PipeRange* r = read ? hit(c.v_writes, lo, hi, id) : nullptr;
+    if (!r && write) r = hit(c.v_writes, lo, hi, id);
+    if (r) {
+      violate("dependent Vector instructions are ordered by PipeBarrier<PIPE_V>() (auto-sync off)", api,
+              str(operand, " ", ub_range(lo, hi), read ? " reads" : " overwrites", " what ", r->api,
+                  " wrote on the V pipe with no PipeBarrier<PIPE_V>() between: on arch 2201 dependent vector "
+                  "instructions are not ordered by the hardware [", kSyncDoc, "]"));
+    }
+    if (write) {
+      c.v_writes.push_back({lo, hi, id, name[0] ? name : c.insn_api});
+      c.v_unsynced_s.push_back({lo, hi, id, c.insn_api});
+      c.v_unsynced_mte3.push_back({lo, hi, id, c.insn_api});
+    }
+    if (read) c.v_reads.push_back({lo, hi, id, c.insn_api});
+  } else if (pipe == Pipe::MTE2 && write) {
+    c.mte2_pending.push_back({lo, hi, id, c.insn_api});
+  } else if (pipe == Pipe::MTE3 && read) {
+    if (const auto* r = hit(c.v_unsynced_mte3, lo, hi, id)) {
+      violate("a UB->GM copy of data the Vector unit wrote waits for EnQue/DeQue (VECOUT) or "
+              "SetFlag/WaitFlag<HardEvent::V_MTE3>", api,
+              str(operand, " ", ub_range(lo, hi), " was written by ", r->api, " on the V pipe [", kSyncDoc, "]"));
+    }
+  }
 }
 
 // Checks that an operand may be accessed: allocated and not freed, not sitting in a queue, start
@@ -269,6 +412,7 @@ inline void check_ub(const std::string& api, const char* operand, const UbView& 
             str(operand, " holds ", v.bytes, " B (", ub_desc(v), ") but the call touches ", bytes,
                 " B"));
   }
+  track_access(c, api, operand, v.addr, bytes);
 }
 
 // Operands of one instruction either coincide or do not overlap (general overlap constraint).

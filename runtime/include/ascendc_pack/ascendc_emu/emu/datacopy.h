@@ -88,12 +88,34 @@ ASCENDC_EMU_ATOMIC(SetAtomicMax, MAX)
 ASCENDC_EMU_ATOMIC(SetAtomicMin, MIN)
 #undef ASCENDC_EMU_ATOMIC
 inline void SetAtomicNone() { ascendc_emu::ctx().atomic = ascendc_emu::AtomicMode::NONE; }
-inline void DisableDmaAtomic() { SetAtomicNone(); }
+#if ASCENDC_CANN_VERSION >= 90000
+inline void DisableDmaAtomic() { SetAtomicNone(); }  // asc-devkit declares it from 9.0
+#else
+template <class... A>
+inline void DisableDmaAtomic(A&&...) {
+  static_assert(ascendc_emu::cann_lacks<A...>, "DisableDmaAtomic does not exist in CANN 8.x (asc-devkit v8.5.0): "
+                "use SetAtomicNone, or target CANN >= 9.0 (-DASCENDC_CANN_VERSION=90100)");
+}
+#endif
 
 }  // namespace AscendC
 
 namespace ascendc_emu {
 namespace dc {
+
+// UB->UB DataCopy moves data along the documented paths only: VECIN -> VECCALC, VECCALC -> VECOUT
+// (DataCopy (UBToUB contiguous) page: "supported data paths").
+template <class T>
+void check_ub_path(const std::string& api, const AscendC::LocalTensor<T>& src, const AscendC::LocalTensor<T>& dst) {
+  using AscendC::TPosition;
+  const TPosition s = src.GetPosition(), d = dst.GetPosition();
+  if (!((s == TPosition::VECIN && d == TPosition::VECCALC) || (s == TPosition::VECCALC && d == TPosition::VECOUT))) {
+    violate("UB->UB DataCopy only VECIN -> VECCALC or VECCALC -> VECOUT", api,
+            str(position_name(s), " -> ", position_name(d),
+                " is not a documented path (AscendC API reference: DataCopy (UBToUB contiguous), supported data "
+                "paths); copy with a Vector instruction (Muls by 1, Adds of 0) instead"));
+  }
+}
 
 inline uint64_t round32(uint64_t n) { return (n + kBlockBytes - 1) / kBlockBytes * kBlockBytes; }
 
@@ -250,6 +272,7 @@ namespace AscendC {
 template <class T>
 inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const uint32_t count) {
   const std::string api = "DataCopy(GM->UB)";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE2, "DataCopy(GM->UB)");
   ascendc_emu::dc::check_count_bytes<T>(api, count);
   T* d = dst.emu_data(api, "dst", count);
   src.emu_check(api, count);
@@ -259,6 +282,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
 template <class T>
 inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const uint32_t count) {
   const std::string api = "DataCopy(UB->GM)";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE3, "DataCopy(UB->GM)");
   ascendc_emu::dc::check_count_bytes<T>(api, count);
   const T* s = src.emu_data(api, "src", count);
   dst.emu_check(api, count);
@@ -268,6 +292,8 @@ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, cons
 template <class T>
 inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint32_t count) {
   const std::string api = "DataCopy(UB->UB)";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "DataCopy(UB->UB)");
+  ascendc_emu::dc::check_ub_path(api, src, dst);
   ascendc_emu::dc::check_count_bytes<T>(api, count);
   T* d = dst.emu_data(api, "dst", count);
   const T* s = src.emu_data(api, "src", count);
@@ -278,6 +304,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>& src, const
 template <class T>
 inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const DataCopyParams& params) {
   const std::string api = "DataCopy(GM->UB, DataCopyParams)";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE2, "DataCopy(GM->UB)");
   const auto w = ascendc_emu::dc::walk(api, params);
   auto* d = reinterpret_cast<uint8_t*>(dst.emu_data(api, "dst", w.dst_extent / sizeof(T)));
   src.emu_check(api, w.src_extent / sizeof(T));
@@ -288,6 +315,7 @@ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, cons
 template <class T>
 inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyParams& params) {
   const std::string api = "DataCopy(UB->GM, DataCopyParams)";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE3, "DataCopy(UB->GM)");
   const auto w = ascendc_emu::dc::walk(api, params);
   const auto* s = reinterpret_cast<const uint8_t*>(src.emu_data(api, "src", w.src_extent / sizeof(T)));
   dst.emu_check(api, w.dst_extent / sizeof(T));
@@ -301,6 +329,8 @@ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, cons
 template <class T>
 inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyParams& params) {
   const std::string api = "DataCopy(UB->UB, DataCopyParams)";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "DataCopy(UB->UB)");
+  ascendc_emu::dc::check_ub_path(api, src, dst);
   const auto w = ascendc_emu::dc::walk(api, params);
   auto* d = reinterpret_cast<uint8_t*>(dst.emu_data(api, "dst", w.dst_extent / sizeof(T)));
   const auto* s = reinterpret_cast<const uint8_t*>(src.emu_data(api, "src", w.src_extent / sizeof(T)));
@@ -312,6 +342,7 @@ template <class T, PaddingMode mode = PaddingMode::Normal>
 inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
                         const DataCopyExtParams& dataCopyParams, const DataCopyPadExtParams<T>& padParams) {
   static_assert(mode == PaddingMode::Normal, "PaddingMode::Compact exists on Ascend 950 only");
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE2, "DataCopyPad(GM->UB)");
   ascendc_emu::dc::pad_copy_in(dst, src, dataCopyParams, padParams.isPad, padParams.leftPadding,
                                padParams.rightPadding, padParams.paddingValue);
 }
@@ -320,6 +351,7 @@ template <class T, PaddingMode mode = PaddingMode::Normal>
 inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
                         const DataCopyExtParams& dataCopyParams) {
   static_assert(mode == PaddingMode::Normal, "PaddingMode::Compact exists on Ascend 950 only");
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE3, "DataCopyPad(UB->GM)");
   ascendc_emu::dc::pad_copy_out(dst, src, dataCopyParams);
 }
 
@@ -327,6 +359,7 @@ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
 template <class T>
 inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
                         const DataCopyParams& dataCopyParams, const DataCopyPadParams& padParams) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE2, "DataCopyPad(GM->UB)");
   T value;
   std::memcpy(&value, &padParams.paddingValue, sizeof(T));
   const DataCopyExtParams ext(dataCopyParams.blockCount, dataCopyParams.blockLen,
@@ -340,6 +373,7 @@ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
                         const DataCopyParams& dataCopyParams) {
   const DataCopyExtParams ext(dataCopyParams.blockCount, dataCopyParams.blockLen,
                               dataCopyParams.srcStride, dataCopyParams.dstStride, 0);
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::MTE3, "DataCopyPad(UB->GM)");
   ascendc_emu::dc::pad_copy_out(dst, src, ext);
 }
 

@@ -6,6 +6,36 @@
 
 #include <cstdint>
 
+// The CANN release whose API the kernel targets, MAJOR*10000 + MINOR*100 + PATCH (80500 = 8.5.0):
+// an API the release lacks is refused at compile time with a message naming the release (the
+// tables of ascendc_pack/backends/npu/api/cann-*.json say what each release declares). Default:
+// the oldest supported release.
+#ifndef ASCENDC_CANN_VERSION
+#define ASCENDC_CANN_VERSION 80500
+#endif
+// Bytes of system workspace GetUserWorkspace skips (RESERVED_WORKSPACE of __NPU_ARCH__ 2201 in
+// asc-devkit's kernel_utils_constants.h, 8.5.0 and 9.1.0 alike).
+#ifndef ASCENDC_EMU_RESERVED_WORKSPACE
+#define ASCENDC_EMU_RESERVED_WORKSPACE (16u * 1024u * 1024u)
+#endif
+
+// Kernel types (asc-devkit impl/basic_api/utils/kernel_utils_macros.h) and the macro that sets
+// one; the emulation records it per block (SyncAll needs a MIX type).
+enum KernelMetaType : uint8_t {
+  KERNEL_TYPE_AIV_ONLY,
+  KERNEL_TYPE_AIC_ONLY,
+  KERNEL_TYPE_MIX_AIV_1_0,
+  KERNEL_TYPE_MIX_AIC_1_0,
+  KERNEL_TYPE_MIX_AIC_1_1,
+  KERNEL_TYPE_MIX_AIC_1_2,
+  KERNEL_TYPE_AICORE,
+  KERNEL_TYPE_VECTORCORE,
+  KERNEL_TYPE_MIX_AICORE,
+  KERNEL_TYPE_MIX_VECTOR_CORE,
+  KERNEL_TYPE_MAX,
+};
+#define KERNEL_TASK_TYPE_DEFAULT(value) ::ascendc_emu::set_kernel_type(value)
+
 // Function and address-space qualifiers of the AscendC C++ dialect: nothing on the CPU.
 #ifndef __global__
 #define __global__
@@ -131,6 +161,10 @@ using TEventID = int8_t;
 }  // namespace AscendC
 
 namespace ascendc_emu {
+
+// false for any A...: the static_assert of an API the targeted release lacks fires on use only.
+template <class... A>
+inline constexpr bool cann_lacks = sizeof...(A) < 0;
 
 inline const char* position_name(AscendC::TPosition p) {
   switch (p) {

@@ -238,6 +238,7 @@ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, cons
                       const int32_t count) {
   namespace e = ascendc_emu;
   const std::string api = "ReduceSum";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "ReduceSum");
   ASCENDC_EMU_TYPES(T, "ReduceSum: T must be half/float", half, float);
   const T* s = src.emu_data(api, "src", count);
   if (count == 0) return;
@@ -263,19 +264,24 @@ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, cons
 template <class T, bool isSetMask = true>
 inline void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& sharedTmpBuffer,
                       const int32_t count, bool calIndex = false) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "ReduceMax");
   ascendc_emu::red::reduce_extreme("ReduceMax", dst, src, sharedTmpBuffer, count, calIndex, true);
 }
 
 template <class T, bool isSetMask = true>
 inline void ReduceMin(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& sharedTmpBuffer,
                       const int32_t count, bool calIndex = false) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "ReduceMin");
   ascendc_emu::red::reduce_extreme("ReduceMin", dst, src, sharedTmpBuffer, count, calIndex, false);
 }
 
+#if ASCENDC_CANN_VERSION < 90100
+// WholeReduceSum/Max/Min: in the basic API up to CANN 9.0; 9.1 renamed them ReduceRepeat.
 template <class T, bool isSetMask = true>
 inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t mask,
                            const int32_t repeatTime, const int32_t dstRepStride, const int32_t srcBlkStride,
                            const int32_t srcRepStride) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "WholeReduceSum");
   ascendc_emu::red::whole_sum(dst, src, mask, nullptr, {repeatTime, dstRepStride, srcBlkStride, srcRepStride});
 }
 
@@ -283,6 +289,7 @@ template <class T, bool isSetMask = true>
 inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint64_t mask[],
                            const int32_t repeatTime, const int32_t dstRepStride, const int32_t srcBlkStride,
                            const int32_t srcRepStride) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "WholeReduceSum");
   ascendc_emu::red::whole_sum(dst, src, 0, mask, {repeatTime, dstRepStride, srcBlkStride, srcRepStride});
 }
 
@@ -291,6 +298,7 @@ inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src,
   inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t mask,            \
                    const int32_t repeatTime, const int32_t dstRepStride, const int32_t srcBlkStride,    \
                    const int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX) {     \
+    ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, #NAME);                                         \
     ascendc_emu::red::whole_extreme(#NAME, dst, src, mask, nullptr,                                 \
                                     {repeatTime, dstRepStride, srcBlkStride, srcRepStride}, order, WANT_MAX); \
   }                                                                                                  \
@@ -298,6 +306,7 @@ inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src,
   inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint64_t mask[],         \
                    const int32_t repeatTime, const int32_t dstRepStride, const int32_t srcBlkStride,    \
                    const int32_t srcRepStride, ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX) {     \
+    ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, #NAME);                                         \
     ascendc_emu::red::whole_extreme(#NAME, dst, src, 0, mask,                                       \
                                     {repeatTime, dstRepStride, srcBlkStride, srcRepStride}, order, WANT_MAX); \
   }
@@ -305,6 +314,18 @@ inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src,
 ASCENDC_EMU_WHOLE_EXTREME(WholeReduceMax, true)
 ASCENDC_EMU_WHOLE_EXTREME(WholeReduceMin, false)
 #undef ASCENDC_EMU_WHOLE_EXTREME
+#else
+#define ASCENDC_EMU_REFUSE(NAME)                                                                        \
+  template <class... A>                                                                            \
+  inline void NAME(A&&...) {                                                                       \
+    static_assert(ascendc_emu::cann_lacks<A...>, #NAME " does not exist in CANN 9.1 (asc-devkit 9.1.0 "      \
+                  "basic API renamed it ReduceRepeat); target CANN 8.5 (-DASCENDC_CANN_VERSION=80500)"); \
+  }
+ASCENDC_EMU_REFUSE(WholeReduceSum)
+ASCENDC_EMU_REFUSE(WholeReduceMax)
+ASCENDC_EMU_REFUSE(WholeReduceMin)
+#undef ASCENDC_EMU_REFUSE
+#endif
 
 }  // namespace AscendC
 

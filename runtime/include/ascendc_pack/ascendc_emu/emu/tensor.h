@@ -173,6 +173,9 @@ class TQue {
     for (auto& s : q.slots) {
       if (s.state == ascendc_emu::SlotState::FREE) {
         s.state = ascendc_emu::SlotState::ALLOCATED;
+        // AllocTensor waits for the event FreeTensor set: every pipe that used this buffer before
+        // (and what those pipes waited for) is done with it.
+        ascendc_emu::forget_range(ascendc_emu::ctx(), s.addr, s.bytes);
         return tensor_of<T>(s);
       }
     }
@@ -195,6 +198,7 @@ class TQue {
                                             " EnQue'd tensor(s) = its depth; DeQue before the next EnQue"));
     }
     s->state = ascendc_emu::SlotState::ENQUEUED;
+    s->enque_insn = ascendc_emu::ctx().insn;
     q.fifo.push_back(s);
     return true;
   }
@@ -210,6 +214,9 @@ class TQue {
     auto* s = q.fifo.front();
     q.fifo.pop_front();
     s->state = ascendc_emu::SlotState::DEQUEUED;
+    auto& c = ascendc_emu::ctx();  // DeQue waits for the event its EnQue set (MTE2->V, V->MTE3)
+    if constexpr (pos == TPosition::VECIN) ascendc_emu::forget_before(c.mte2_pending, s->enque_insn);
+    if constexpr (pos == TPosition::VECOUT) ascendc_emu::forget_before(c.v_unsynced_mte3, s->enque_insn);
     return tensor_of<T>(*s);
   }
 
@@ -461,14 +468,66 @@ inline int64_t GetBlockIdx() { return ascendc_emu::ctx().block_idx(); }
 inline int64_t GetBlockNum() { return ascendc_emu::ctx().launch().block_dim; }
 inline int64_t GetSubBlockIdx() { return 0; }
 inline int64_t GetSubBlockNum() { return 1; }
-// The emulator keeps no system workspace in front of the user's: the pointer is returned as is.
-inline GM_ADDR GetUserWorkspace(GM_ADDR workspace) { return workspace; }
-inline void SetSysWorkspace(GM_ADDR) {}
+// The device's workspace semantics (asc-devkit impl/basic_api/dav_c220/kernel_operator_common_impl.h):
+// GetUserWorkspace ignores its argument and returns the system workspace (SetSysWorkspace, or the
+// framework with HAVE_WORKSPACE) + RESERVED_WORKSPACE, 16 MiB on arch 2201. Without a system
+// workspace the device returns nullptr + 16 MiB; with one, the host must have allocated the
+// reserve in front of the user's bytes.
+inline void SetSysWorkspace(GM_ADDR workspace) {
+  auto& c = ascendc_emu::ctx();
+  if (c.sys_workspace == nullptr) c.sys_workspace = workspace;
+}
+inline GM_ADDR GetUserWorkspace(GM_ADDR workspace) {
+  auto& c = ascendc_emu::ctx();
+  const char* doc = " [AscendC API reference: GetUserWorkspace; programming guide: how to use workspace]";
+  if (c.sys_workspace == nullptr) {
+    ascendc_emu::violate("GetUserWorkspace needs a system workspace", "GetUserWorkspace",
+                         ascendc_emu::str("no SetSysWorkspace (and no HAVE_WORKSPACE framework) set one, so on the "
+                                          "device it returns nullptr + RESERVED_WORKSPACE (",
+                                          ASCENDC_EMU_RESERVED_WORKSPACE,
+                                          " B), not the argument; use the kernel's workspace argument directly, or "
+                                          "SetSysWorkspace it and allocate the reserve",
+                                          doc));
+  }
+  (void)workspace;
+  GM_ADDR user = c.sys_workspace + ASCENDC_EMU_RESERVED_WORKSPACE;
+  for (const auto& r : c.launch().gm) {
+    if (r.base == c.sys_workspace && r.bytes != 0 && r.bytes <= ASCENDC_EMU_RESERVED_WORKSPACE) {
+      ascendc_emu::violate("the host allocates system + user workspace", "GetUserWorkspace",
+                           ascendc_emu::str("the workspace argument holds ", r.bytes,
+                                            " B but the user workspace starts RESERVED_WORKSPACE = ",
+                                            ASCENDC_EMU_RESERVED_WORKSPACE,
+                                            " B into it: allocate the reserve plus the user bytes", doc));
+    }
+  }
+  return user;
+}
+
+}  // namespace AscendC
+
+namespace ascendc_emu {
+// KERNEL_TASK_TYPE_DEFAULT(value): the kernel type of this block's kernel.
+inline void set_kernel_type(int value) { ctx().kernel_type = value; }
+}  // namespace ascendc_emu
+
+namespace AscendC {
 
 // --------------------------------------------------------------------------- synchronisation
-// Blocks run one after another, so pipeline barriers have nothing to order.
+// PipeBarrier<PIPE_V>() orders the Vector pipe (dependent vector instructions); PIPE_ALL waits for
+// every pipe. The emulation forgets the ranges in flight that the barrier completes.
 template <pipe_t pipe>
-inline void PipeBarrier() {}
+inline void PipeBarrier() {
+  auto& c = ascendc_emu::ctx();
+  if (pipe == PIPE_V || pipe == PIPE_ALL) {
+    c.v_writes.clear();
+    c.v_reads.clear();
+  }
+  if (pipe == PIPE_ALL) {
+    c.v_unsynced_s.clear();
+    c.v_unsynced_mte3.clear();
+    c.mte2_pending.clear();
+  }
+}
 
 namespace detail_sync {
 inline void set_flag(int key, int32_t id, const char* api) {
@@ -495,6 +554,14 @@ inline void SetFlag(int32_t eventID) {
 template <HardEvent event>
 inline void WaitFlag(int32_t eventID) {
   detail_sync::wait_flag(static_cast<int>(event), eventID, "WaitFlag");
+  auto& c = ascendc_emu::ctx();  // the waiting pipe now sees what the signalling pipe finished
+  if (event == HardEvent::MTE2_V || event == HardEvent::MTE2_S) c.mte2_pending.clear();
+  if (event == HardEvent::V_MTE3) c.v_unsynced_mte3.clear();
+  if (event == HardEvent::V_S) {  // the scalar unit waited for the V pipe: it is drained
+    c.v_unsynced_s.clear();
+    c.v_writes.clear();
+    c.v_reads.clear();
+  }
 }
 
 template <pipe_t src, pipe_t dst>
@@ -510,6 +577,14 @@ template <bool isAIVOnly = true>
 inline void SyncAll() {
   static_assert(isAIVOnly, "ascendc_emu emulates Vector-only kernels (SyncAll<true>)");
   auto& c = ascendc_emu::ctx();
+  if (c.kernel_type != KERNEL_TYPE_MIX_AIV_1_0 && c.kernel_type != KERNEL_TYPE_MIX_AIC_1_1 &&
+      c.kernel_type != KERNEL_TYPE_MIX_AIC_1_2) {
+    ascendc_emu::violate("SyncAll needs a MIX kernel type", "SyncAll",
+                         "the hard all-core barrier of a Vector kernel works only in a kernel of type "
+                         "KERNEL_TYPE_MIX_AIV_1_0 (KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIV_1_0); in CANN 9.x "
+                         "also __mix__(0, 1)); in a plain AIV kernel the cores never meet (hang or address "
+                         "exception) [AscendC API reference: SyncAll constraints; Set kernel type]");
+  }
   if (c.launch().block_dim > c.launch().soc->vector_cores) {
     ascendc_emu::violate("SyncAll needs block_dim <= vector cores", "SyncAll",
                          ascendc_emu::str("block_dim ", c.launch().block_dim, " > the ",
@@ -517,6 +592,7 @@ inline void SyncAll() {
                                           c.launch().soc->name, ": the blocks cannot all be resident"));
   }
   c.launch().sync->sync_all(c.block_idx());
+  PipeBarrier<PIPE_ALL>();  // every pipe of every core has finished what it issued before
 }
 
 }  // namespace AscendC

@@ -208,6 +208,7 @@ namespace AscendC {
   inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1,  \
                    const int32_t& count) {                                                        \
     ASCENDC_EMU_TYPES(T, #NAME ": T must be " TYPES_MSG, __VA_ARGS__);                               \
+    ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, #NAME);                                         \
     using C = ascendc_emu::compute_t<T>;                                                          \
     ascendc_emu::vec::binary(#NAME, dst, src0, src1, count, [](T x, T y) {                        \
       const C a = static_cast<C>(x), b = static_cast<C>(y);                                        \
@@ -227,6 +228,7 @@ ASCENDC_EMU_BINARY(Min, "int16_t/half/int32_t/float", ascendc_emu::vec::nan_min(
   template <class T, bool isSetMask = true>                                                       \
   inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t& count) {      \
     ASCENDC_EMU_TYPES(T, #NAME ": T must be " TYPES_MSG, __VA_ARGS__);                               \
+    ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, #NAME);                                         \
     using C = ascendc_emu::compute_t<T>;                                                          \
     ascendc_emu::vec::unary(#NAME, dst, src, count, [](T x) {                                     \
       const C a = static_cast<C>(x);                                                               \
@@ -249,6 +251,7 @@ ASCENDC_EMU_UNARY(Relu, "half/int32_t/float", (a < C(0) ? C(0) : a), half, int32
   inline void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const U& scalarValue,        \
                    const int32_t& count) {                                                        \
     ASCENDC_EMU_TYPES(T, #NAME ": T must be int16_t/half/int32_t/float", int16_t, half, int32_t, float); \
+    ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, #NAME);                                         \
     using C = ascendc_emu::compute_t<T>;                                                          \
     const C b = static_cast<C>(static_cast<T>(scalarValue));                                       \
     ascendc_emu::vec::unary(#NAME, dst, src, count, [b](T x) {                                    \
@@ -267,6 +270,7 @@ template <class T, class U, bool isSetMask = true>
 inline void Duplicate(const LocalTensor<T>& dst, const U& scalarValue, const int32_t& count) {
   ASCENDC_EMU_TYPES(T, "Duplicate: T must be int16_t/uint16_t/half/bfloat16_t/int32_t/uint32_t/float",
                     int16_t, uint16_t, half, bfloat16_t, int32_t, uint32_t, float);
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "Duplicate");
   T* d = dst.emu_data("Duplicate", "dst", count);
   const T v = static_cast<T>(scalarValue);
   for (int32_t i = 0; i < count; ++i) d[i] = v;
@@ -284,6 +288,7 @@ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const Rou
                          ascendc_emu::str(ascendc_emu::round_name(round_mode), " is not accepted for ",
                                           ascendc_emu::type_name<U>(), " -> ", ascendc_emu::type_name<T>()));
   }
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "Cast");
   const auto r = ascendc_emu::vec::to_rounding(round_mode);
   ascendc_emu::vec::unary("Cast", dst, src, count, [r](U x) { return ascendc_emu::vec::cast_one<T>(x, r); });
 }
@@ -291,6 +296,7 @@ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src, const Rou
 template <class T, class U, bool isSetMask = true>
 inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const LocalTensor<T>& src1,
                     CMPMODE cmpMode, uint32_t count) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "Compare");
   const T* b = src1.emu_data("Compare", "src1", count);
   ascendc_emu::vec::compare_into("Compare", dst, src0, count, cmpMode, [&](T x, uint32_t i) {
     using C = ascendc_emu::compute_t<T>;
@@ -298,21 +304,43 @@ inline void Compare(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const
   });
 }
 
-template <class T, class U, class S, bool isSetMask = true>
-inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const S src1Scalar,
-                     CMPMODE cmpMode, uint32_t count) {
+namespace detail_compare {
+template <class T, class U, class S>
+void compare_scalar(const char* api, const LocalTensor<U>& dst, const LocalTensor<T>& src0, const S src1Scalar,
+                    CMPMODE cmpMode, uint32_t count) {
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, api);
   using C = ascendc_emu::compute_t<T>;
   const C b = static_cast<C>(static_cast<T>(src1Scalar));
-  ascendc_emu::vec::compare_into("Compares", dst, src0, count, cmpMode, [&](T x, uint32_t) {
+  ascendc_emu::vec::compare_into(api, dst, src0, count, cmpMode, [&](T x, uint32_t) {
     return ascendc_emu::vec::compare(static_cast<C>(x), b, cmpMode);
   });
 }
+}  // namespace detail_compare
 
+// CompareScalar: in every supported release (CANN 8.5: the only scalar compare; 9.x: deprecated
+// in favour of Compares).
 template <class T, class U, class S, bool isSetMask = true>
 inline void CompareScalar(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const S src1Scalar,
                           CMPMODE cmpMode, uint32_t count) {
-  Compares(dst, src0, src1Scalar, cmpMode, count);
+  detail_compare::compare_scalar("CompareScalar", dst, src0, src1Scalar, cmpMode, count);
 }
+
+#if ASCENDC_CANN_VERSION >= 90000
+// Compares: asc-devkit's basic API declares it from CANN 9.0 on.
+template <class T, class U, class S, bool isSetMask = true>
+inline void Compares(const LocalTensor<U>& dst, const LocalTensor<T>& src0, const S src1Scalar,
+                     CMPMODE cmpMode, uint32_t count) {
+  detail_compare::compare_scalar("Compares", dst, src0, src1Scalar, cmpMode, count);
+}
+#else
+// Refusal: the targeted release has no Compares (its header declares CompareScalar only).
+template <class... A>
+inline void Compares(A&&...) {
+  static_assert(ascendc_emu::cann_lacks<A...>,
+                "Compares does not exist in CANN 8.x (asc-devkit v8.5.0 basic API: CompareScalar(dst, src0, "
+                "scalar, cmpMode, count)); use CompareScalar, or target CANN >= 9.0 (-DASCENDC_CANN_VERSION=90100)");
+}
+#endif
 
 namespace detail_select {
 // mode 0 reuses the first 256/sizeof(T) mask bits for every repeat; modes 1 and 2 consume the
@@ -341,6 +369,7 @@ template <class T, class U>
 inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
                    const LocalTensor<T>& src1, SELMODE selMode, uint32_t count) {
   const std::string api = "Select";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "Select");
   if (selMode == SELMODE::VSEL_TENSOR_SCALAR_MODE) {
     ascendc_emu::violate("Select mode matches its operands", api,
                          "VSEL_TENSOR_SCALAR_MODE takes a scalar src1, not a tensor");
@@ -360,6 +389,7 @@ template <class T, class U, class S, std::enable_if_t<std::is_arithmetic_v<S> ||
 inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& selMask, const LocalTensor<T>& src0,
                    S src1, SELMODE selMode, uint32_t count) {
   const std::string api = "Select";
+  ascendc_emu::Insn insn_(ascendc_emu::Pipe::V, "Select");
   if (selMode != SELMODE::VSEL_TENSOR_SCALAR_MODE) {
     ascendc_emu::violate("Select mode matches its operands", api,
                          "a scalar src1 needs SELMODE::VSEL_TENSOR_SCALAR_MODE");
