@@ -24,6 +24,7 @@ import torch
 from ascendc_pack.cli.main import main
 from ascendc_pack.package.triton_export import export_triton, render_config
 from ascendc_pack_runtime.model import TensorSpec
+from ascendc_pack_runtime.triton_config import model_config
 
 from .serve_helpers import build_bundles
 
@@ -138,15 +139,16 @@ def _args(export):
 
 
 def _config_json(export):
-    """What Triton passes as model_config (JSON) for the exported config.pbtxt (the fields model.py reads)."""
-    text = export.config.read_text()
-    blocks = {}
-    for kind in ("input", "output"):
-        section = text.split(f"{kind} [", 1)[1].split("\n]", 1)[0]
-        blocks[kind] = [{"name": json.loads(n)} for n in
-                        [line.split("name:", 1)[1].strip() for line in section.splitlines() if "name:" in line]]
-    return {"name": export.model_dir.name, "backend": "python", "max_batch_size": 0, **blocks,
-            "parameters": {"ascpack_bundle": {"string_value": "model.ascpack"}}}
+    """What Triton passes as model_config: the JSON form of the exported config (tests/test_triton_server.py
+    checks against a real tritonserver that its JSON has these fields and values)."""
+    import ascendc_pack_runtime as rt
+    from ascendc_pack_runtime.batching import batch_spec
+
+    m = rt.load(export.bundle)
+    try:
+        return model_config(export.model_dir.name, m.input_specs, m.output_specs, batch=batch_spec(m.manifest))
+    finally:
+        m.close()
 
 
 def test_render_config_types_dims_and_scalars():
@@ -158,7 +160,7 @@ def test_render_config_types_dims_and_scalars():
     for name, t, dims in (("x", "TYPE_FP32", "[ 2, 3 ]"), ("ids", "TYPE_INT64", "[ 4 ]"),
                           ("mask", "TYPE_BOOL", "[ 4 ]"), ("h", "TYPE_BF16", "[ 8 ]")):
         assert f'    name: "{name}"\n    data_type: {t}\n    dims: {dims}\n' in text
-    assert '    name: "sum"\n    data_type: TYPE_FP16\n    dims: [ 1 ]\n    reshape: { shape: [ ] }\n' in text
+    assert '    name: "sum"\n    data_type: TYPE_FP16\n    dims: [ 1 ]\n  }' in text   # 0-d: [1], no reshape
     assert "count: 3\n    kind: KIND_CPU" in text
     with pytest.raises(ValueError, match="complex64"):
         render_config("m", [TensorSpec("z", (2,), torch.complex64)], outs)
@@ -189,7 +191,9 @@ def test_export_cli(bundles, tmp_path):
     bundle, _ = bundles["transformer_block"]
     r = CliRunner().invoke(main, ["export-triton", str(bundle), "-o", str(tmp_path / "repo"), "--name", "tb"])
     assert r.exit_code == 0, r.output
-    assert "tritonserver --model-repository" in r.output and (tmp_path / "repo" / "tb" / "1" / "model.py").is_file()
+    assert (tmp_path / "repo" / "tb" / "1" / "model.py").is_file()
+    assert "max_batch_size 0: static shapes, one call per request" in r.output
+    assert f"ascendc-pack triton-setup triton_backend --repo {tmp_path / 'repo'}" in r.output   # the next step
     r = CliRunner().invoke(main, ["export-triton", str(tmp_path / "nope.ascpack"), "-o", str(tmp_path / "r2")])
     assert r.exit_code == 1 and "nope.ascpack" in r.output
     r = CliRunner().invoke(main, ["export-triton", str(bundle), "-o", str(tmp_path / "r3"), "--name", "../x"])

@@ -249,22 +249,62 @@ def _eager_runner_factory(model_file: str, threads: int | None = None):
 @click.option("--name", default=None, help="Model name (default: the bundle's model name).")
 @click.option("--instances", default=1, show_default=True, type=click.IntRange(1, 64),
               help="instance_group count (KIND_CPU): Triton runs one Python stub process per instance.")
+@click.option("--threads", default=None, type=POSITIVE_INT,
+              help="Thread cap of each instance's calls (default: torch's threads // instances, in each instance).")
+@click.option("--max-queue-delay-us", default=None, type=click.IntRange(0),
+              help="Bundles with a batch dim: how long Triton's dynamic batcher holds a request for others (default 2000).")
 @click.option("--vendor-runtime/--no-vendor-runtime", default=True, show_default=True,
-              help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy and zstandard).")
+              help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy<2 and zstandard).")
 @click.option("--force", is_flag=True, help="Replace REPO/NAME if it exists.")
-def export_triton(bundle, repo, name, instances, vendor_runtime, force):
+def export_triton(bundle, repo, name, instances, threads, max_queue_delay_us, vendor_runtime, force):
     """Write a Triton Inference Server model repository (Python backend) for BUNDLE."""
+    import importlib.util
+
     from ascendc_pack_runtime.errors import BundleError
+    from ascendc_pack_runtime.triton_config import DEFAULT_QUEUE_DELAY_US
 
     from ascendc_pack.package.triton_export import export_triton as export
+    from ascendc_pack.package.triton_setup import INSTALL
 
     try:
-        result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force)
+        result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force,
+                        threads=threads, max_queue_delay_us=DEFAULT_QUEUE_DELAY_US if max_queue_delay_us is None
+                        else max_queue_delay_us)
     except (BundleError, PackError, ValueError) as exc:
         _fail(exc)
         return
+    batching = ("dynamic_batching on (the bundle has a batch dim)" if result.batching else
+                "max_batch_size 0: static shapes, one call per request")
     click.echo(f"wrote {result.model_dir} (config.pbtxt, 1/model.py, 1/{result.bundle.name}"
-               f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); run: tritonserver --model-repository {result.repo}")
+               f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); {batching}")
+    click.echo("next:")
+    if importlib.util.find_spec("pytriton") is None:
+        click.echo(f"  {INSTALL}")
+    click.echo(f"  ascendc-pack triton-setup triton_backend --repo {result.repo}   # prepares Triton's Python backend "
+               "and prints the tritonserver command")
+
+
+@main.command("triton-setup")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--repo", default="model_repository", show_default=True,
+              help="Model repository the printed command serves (written by export-triton).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address tritonserver listens on.")
+@click.option("--http-port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(1, 65535))
+def triton_setup(directory, repo, host, http_port, grpc_port, metrics_port):
+    """Prepare DIRECTORY as Triton's Python backend directory (from the nvidia-pytriton wheel) and
+    print the tritonserver command that serves REPO with this Python."""
+    from ascendc_pack.package.triton_setup import prepare_backend
+
+    try:
+        setup = prepare_backend(directory)
+    except PackError as exc:
+        _fail(exc)
+        return
+    click.echo(f"prepared {setup.backend_dir}/python (Triton's Python backend; the stub runs {setup.python_bin}/python3)")
+    click.echo("serve the repository with:")
+    click.echo("  " + setup.shell(repo, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port))
 
 
 # --- runtime tools: inspect / verify / run a bundle (ascendc_pack_runtime.tools; no compiler) ---

@@ -1,0 +1,104 @@
+"""A real tritonserver (from the nvidia-pytriton wheel, the ``triton`` extra) on loopback, for the
+tests and the serving bench: :func:`triton_unavailable` says why it cannot run here (the tests
+skip with that reason), :class:`TritonServer` starts one on free ports and stops it."""
+
+from __future__ import annotations
+
+import http.client
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .serve_helpers import ServerError, free_port
+
+
+def triton_unavailable(backend_dir: Path) -> str | None:
+    """None when tritonserver can run here (the backend directory is then prepared), else why not."""
+    from ascendc_pack.package.triton_setup import TritonSetupError, prepare_backend
+
+    try:
+        prepare_backend(backend_dir)
+    except TritonSetupError as e:
+        return str(e)
+    return None
+
+
+@dataclass
+class TritonServer:
+    """tritonserver serving ``repo`` on 127.0.0.1 (HTTP and gRPC, metrics off); a context manager."""
+
+    repo: Path
+    backend_dir: Path
+    log: Path
+    cache_dir: Path
+    ready_timeout: float = 120.0
+    http_port: int = 0
+    grpc_port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> TritonServer:
+        from ascendc_pack.package.triton_setup import prepare_backend
+
+        setup = prepare_backend(self.backend_dir)
+        self.http_port, self.grpc_port = free_port(), free_port()
+        cmd = setup.command(self.repo, http_port=self.http_port, grpc_port=self.grpc_port, metrics_port=None)
+        env = setup.env()
+        env["ASCENDC_PACK_RUNTIME_CACHE"] = str(self.cache_dir)
+        self._log_file = open(self.log, "wb")
+        self.proc = subprocess.Popen(cmd + ["--exit-timeout-secs", "10"], stdout=self._log_file,
+                                     stderr=subprocess.STDOUT, env=env)
+        self._wait_ready()
+        return self
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}")
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
+                c.request("GET", "/v2/health/ready")
+                status = c.getresponse().status
+                c.close()
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise ServerError(f"tritonserver not ready after {self.ready_timeout} s:\n{self.log_text()[-4000:]}")
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)   # tritonserver's graceful stop
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log_file.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
