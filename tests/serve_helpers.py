@@ -74,6 +74,9 @@ class Server:
     ready_timeout: float = 120.0
     port: int = 0
     proc: subprocess.Popen | None = None
+    script: str | None = None
+    """Python source run instead of the CLI (``PORT`` is defined in it): a server made with the
+    Python API (``ascendc_pack_runtime.server.serve``)."""
 
     @property
     def url(self) -> str:
@@ -87,6 +90,8 @@ class Server:
             cmd += ["--name", self.name]
         if self.eager:
             cmd += ["--eager", str(self.eager)]
+        if self.script is not None:
+            cmd = [sys.executable, "-c", f"PORT = {self.port}\n{self.script}"]
         env = dict(os.environ, ASCENDC_PACK_RUNTIME_CACHE=str(self.cache_dir), PYTHONUNBUFFERED="1")
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

@@ -191,14 +191,19 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, content
               help="Open connections; one more closes the longest-idle connection (idle sockets cannot starve the server).")
 @click.option("--threads", default=None, type=POSITIVE_INT,
               help="Thread cap of each instance's calls: fused kernels and torch's intra-op threads (default: none for one worker, torch's threads // workers for several).")
+@click.option("--batching/--no-batching", default=True, show_default=True,
+              help="Bundles with a batch dim: run concurrent requests as one call (static bundles never batch).")
+@click.option("--max-batch-delay-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="How long a request waits for others to batch with (requests queued behind busy instances batch anyway).")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
 def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
-          limit_concurrency, max_connections, threads, eager_model):
+          limit_concurrency, max_connections, threads, batching, max_batch_delay_ms, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
     HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
+    Prints a start line, a ready line and (unless --no-access-log) one line per request.
     OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE unless you set
     OMP_WAIT_POLICY or GOMP_SPINCOUNT): see the README's runtime threading section.
     """
@@ -212,7 +217,8 @@ def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_tim
                                max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
                                header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                                keep_alive_s=keep_alive, limit_concurrency=limit_concurrency,
-                               max_connections=max_connections)
+                               max_connections=max_connections, batching=batching,
+                               max_batch_delay_s=max_batch_delay_ms / 1e3)
         if eager_model is not None:
             factory = _eager_runner_factory(eager_model, per_instance_threads(workers, threads))
         serve_bundle(bundle, options, name=name, runner_factory=factory,

@@ -1,0 +1,174 @@
+"""`ascendc-pack serve`: batching concurrent requests, what it prints, and the Triton extensions it
+answers (`/v2` lists only what it serves; `get_model_config`, `get_inference_statistics`).
+
+The batching server is the eager mlp (each of its rows is an item of 1024; it takes any number
+of rows) behind `ascendc_pack_runtime.server.serve` with a BatchSpec built here, since no bundle
+has a batch dim before dynamic shapes; 16 client threads send 1-row requests and every answer is
+checked against eager on that request's rows. The static server is the mlp bundle itself.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from .conftest import EXAMPLES
+from .serve_helpers import Server, build_bundles, raw_request
+
+MAX_BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return build_bundles(tmp_path_factory, ["mlp"])["mlp"]
+
+
+@pytest.fixture(scope="module")
+def static_server(mlp, tmp_path_factory):
+    work = tmp_path_factory.mktemp("static")
+    with Server(mlp[0], work / "serve.log", work / "rt", extra=["--access-log"]) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def batch_server(mlp, tmp_path_factory):
+    work = tmp_path_factory.mktemp("batch")
+    script = textwrap.dedent(f"""
+        import ascendc_pack_runtime
+        import torch
+        from ascendc_pack_runtime.batching import BatchedTensor, BatchSpec
+        from ascendc_pack_runtime.eager import load_eager_module
+        from ascendc_pack_runtime.server import ServeOptions, serve
+
+        module = load_eager_module({str(EXAMPLES / 'mlp.py')!r})
+
+        def factory():
+            def run(x):
+                with torch.no_grad():
+                    return [module(x)]
+            return run
+
+        spec = BatchSpec((BatchedTensor("x", torch.float32, (1024,)),),
+                         (BatchedTensor("output_0", torch.float32, (1024,)),), max_batch={MAX_BATCH}, preferred=(8, 16))
+        serve({str(mlp[0])!r}, ServeOptions(port=PORT, access_log=False, max_batch_delay_s=0.02),
+              runner_factory=factory, platform="pytorch_eager", batch=spec)
+    """)
+    with Server(mlp[0], work / "serve.log", work / "rt", script=script) as srv:
+        yield srv
+
+
+def _infer(client, x, binary=True):
+    import tritonclient.http as httpclient
+
+    i = httpclient.InferInput("x", list(x.shape), "FP32")
+    i.set_data_from_numpy(x, binary_data=binary)
+    return client.infer("mlp", [i], outputs=[httpclient.InferRequestedOutput("output_0", binary_data=binary)]) \
+        .as_numpy("output_0")
+
+
+def test_serve_batches_concurrent_requests_and_answers_each_with_its_rows(batch_server, mlp):
+    import tritonclient.http as httpclient
+
+    loaded = mlp[1]
+    rng = np.random.default_rng(3)
+    threads, per_thread = 16, 4
+    xs = [[rng.standard_normal((1 if (t + k) % 4 else 3, 1024), dtype=np.float32) for k in range(per_thread)]
+          for t in range(threads)]
+    answers: dict = {}
+    errors: list = []
+    start = threading.Barrier(threads)
+
+    def client(t):
+        c = httpclient.InferenceServerClient(batch_server.url, network_timeout=300)
+        try:
+            start.wait()
+            for k, x in enumerate(xs[t]):
+                answers[t, k] = _infer(c, x, binary=k % 2 == 0)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {t}: {e}")
+        finally:
+            c.close()
+
+    pool = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join(300)
+    assert not errors, errors[:3]
+    for t in range(threads):
+        for k, x in enumerate(xs[t]):
+            with torch.no_grad():
+                want = loaded.module(torch.from_numpy(x.copy())).numpy()
+            assert answers[t, k].shape == x.shape
+            np.testing.assert_allclose(answers[t, k], want, rtol=1e-4, atol=1e-5)
+    c = httpclient.InferenceServerClient(batch_server.url)
+    try:
+        (stats,) = c.get_inference_statistics("mlp")["model_stats"]
+        rows = sum(x.shape[0] for per in xs for x in per)
+        assert stats["inference_count"] == rows
+        assert stats["execution_count"] < threads * per_thread   # requests shared calls
+        meta = c.get_model_metadata("mlp")
+        assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 1024]}]
+        config = c.get_model_config("mlp")
+        assert config["max_batch_size"] == MAX_BATCH and config["input"][0]["dims"] == [1024]
+        assert config["dynamic_batching"] == {"preferred_batch_size": [8, 16], "max_queue_delay_microseconds": 20000}
+    finally:
+        c.close()
+
+
+def test_serve_batching_refuses_requests_that_do_not_fit(batch_server):
+    for shape, words in (([1, 512], "expected [rows, 1024] with 1 <= rows <= 32"),
+                         ([MAX_BATCH + 1, 1024], "expected [rows, 1024] with 1 <= rows <= 32"),
+                         ([1024], "expected [rows, 1024]")):
+        n = int(np.prod(shape))
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": [0.0] * n}]})
+        status, out = raw_request(batch_server, "POST", "/v2/models/mlp/infer", body.encode(),
+                                  {"Content-Type": "application/json"})
+        assert status == 400 and words in json.loads(out)["error"], (shape, out[:300])
+
+
+def test_serve_prints_its_start_ready_and_access_lines(static_server):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(static_server.url)
+    try:
+        _infer(c, np.zeros((256, 1024), np.float32))
+    finally:
+        c.close()
+    log = static_server.log_tail(20000)
+    url = f"http://127.0.0.1:{static_server.port}"
+    assert f"as 'mlp' on {url} (V2 REST, 1 instance(s)" in log and "no batching (the bundle has static shapes)" in log
+    assert f"model 'mlp' ready (1 instance(s) loaded and warmed up in " in log
+    assert f"): POST {url}/v2/models/mlp/infer" in log
+    assert '"POST /v2/models/mlp/infer HTTP/1.1" 200' in log   # an access line, without -v
+
+
+def test_serve_advertises_what_it_serves_and_answers_config_and_stats(static_server, mlp):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(static_server.url)
+    try:
+        ext = c.get_server_metadata()["extensions"]
+        assert sorted(ext) == ["binary_tensor_data", "model_configuration", "statistics"]
+        status, _ = raw_request(static_server, "POST", "/v2/repository/index")
+        assert status == 403   # hence not advertised
+        config = c.get_model_config("mlp")
+        assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+        assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [256, 1024]}]
+        assert config["output"] == [{"name": "output_0", "data_type": "TYPE_FP32", "dims": [256, 1024]}]
+        assert c.get_model_config("mlp", "1") == config
+        before = c.get_inference_statistics("mlp")["model_stats"][0]
+        for _ in range(3):
+            _infer(c, np.ones((256, 1024), np.float32))
+        after = c.get_inference_statistics("mlp")["model_stats"][0]
+        assert after["inference_count"] - before["inference_count"] == 3
+        assert after["execution_count"] - before["execution_count"] == 3
+    finally:
+        c.close()
+    status, out = raw_request(static_server, "GET", "/v2/models/nope/config")
+    assert status == 404 and "not served here" in json.loads(out)["error"]
