@@ -195,12 +195,19 @@ def tensor_from_json(spec: TensorSpec, data: object) -> torch.Tensor:
         raise RequestError(f"input {spec.name!r} ({dt}): 'data' holds {type(bad).__name__} values such as "
                            f"{short(bad)}; expected {want}")
     np_dtype = NUMPY_DTYPES.get(dt, np.dtype(np.float32))
+    info = np.iinfo(np_dtype) if np_dtype.kind in "iu" else None
+    rng = f" ({info.min}..{info.max})" if info is not None else ""
     try:
         with np.errstate(over="ignore"):
-            arr = np.array(flat, dtype=np_dtype)
+            if info is None:
+                arr = np.array(flat, dtype=np_dtype)
+            else:   # range-checked here: numpy 1.x wraps an out-of-range Python int silently
+                wide = np.array(flat, dtype=np.int64)
+                if wide.size and (int(wide.min()) < info.min or int(wide.max()) > info.max):
+                    bad = int(wide[(wide < info.min) | (wide > info.max)][0])
+                    raise OverflowError(f"{bad} does not fit")
+                arr = wide.astype(np_dtype)
     except (OverflowError, ValueError) as e:
-        info = np.iinfo(np_dtype) if np_dtype.kind in "iu" else None
-        rng = f" ({info.min}..{info.max})" if info is not None else ""
         raise RequestError(f"input {spec.name!r}: a value in 'data' is out of range for {dt}{rng} ({e})") from None
     if np_dtype.kind == "f" and np_dtype != np.float64 and np.isinf(arr).any():
         wide = np.array(flat, dtype=np.float64)
