@@ -172,3 +172,46 @@ def test_serve_advertises_what_it_serves_and_answers_config_and_stats(static_ser
         c.close()
     status, out = raw_request(static_server, "GET", "/v2/models/nope/config")
     assert status == 404 and "not served here" in json.loads(out)["error"]
+
+
+def _client():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_client", EXAMPLES / "client.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_example_client_checks_against_eager_and_fails_on_a_mismatch(static_server, tmp_path, capsys):
+    client = _client()
+    url = f"http://{static_server.url}"   # a scheme is accepted
+    assert client.main(["--url", url, "--model", "mlp", "--repeat", "1", "--check", str(EXAMPLES / "mlp.py")]) == 0
+    assert "outputs match" in capsys.readouterr().out
+    off = tmp_path / "mlp_off.py"   # the same model, one weight changed: the server's answers no longer match
+    off.write_text((EXAMPLES / "mlp.py").read_text() + textwrap.dedent("""
+
+        _get_model = get_model
+
+        def get_model():
+            m = _get_model()
+            with torch.no_grad():
+                next(m.parameters()).view(-1)[0] += 1.0
+            return m
+    """))
+    assert client.main(["--url", static_server.url, "--model", "mlp", "--repeat", "1", "--check", str(off)]) == 2
+    assert "error: the server's outputs differ from" in capsys.readouterr().err
+
+
+def test_example_client_reports_a_bad_url_and_an_absent_server_in_one_line(capsys):
+    from .serve_helpers import free_port
+
+    client = _client()
+    port = free_port()   # nothing listens there
+    assert client.main(["--url", f"127.0.0.1:{port}", "--model", "mlp"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot reach 127.0.0.1:{port} (") and "is the server running?" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    for url in ("https://127.0.0.1:8080", "127.0.0.1:8080/v2", "localhost"):
+        with pytest.raises(SystemExit, match=r"^error: --url .*host:port"):
+            client.main(["--url", url, "--model", "mlp"])
