@@ -35,9 +35,7 @@ def static_server(mlp, tmp_path_factory):
         yield srv
 
 
-@pytest.fixture(scope="module")
-def batch_server(mlp, tmp_path_factory):
-    work = tmp_path_factory.mktemp("batch")
+def _eager_batch_server(mlp, work, batching):
     script = textwrap.dedent(f"""
         import ascendc_pack_runtime
         import torch
@@ -55,10 +53,15 @@ def batch_server(mlp, tmp_path_factory):
 
         spec = BatchSpec((BatchedTensor("x", torch.float32, (1024,)),),
                          (BatchedTensor("output_0", torch.float32, (1024,)),), max_batch={MAX_BATCH}, preferred=(8, 16))
-        serve({str(mlp[0])!r}, ServeOptions(port=PORT, access_log=False, max_batch_delay_s=0.02),
+        serve({str(mlp[0])!r}, ServeOptions(port=PORT, access_log=False, max_batch_delay_s=0.02, batching={batching}),
               runner_factory=factory, platform="pytorch_eager", batch=spec)
     """)
-    with Server(mlp[0], work / "serve.log", work / "rt", script=script) as srv:
+    return Server(mlp[0], work / "serve.log", work / "rt", script=script)
+
+
+@pytest.fixture(scope="module")
+def batch_server(mlp, tmp_path_factory):
+    with _eager_batch_server(mlp, tmp_path_factory.mktemp("batch"), True) as srv:
         yield srv
 
 
@@ -119,6 +122,40 @@ def test_serve_batches_concurrent_requests_and_answers_each_with_its_rows(batch_
         assert config["dynamic_batching"] == {"preferred_batch_size": [8, 16], "max_queue_delay_microseconds": 20000}
     finally:
         c.close()
+
+
+def test_serve_without_batching_runs_each_request_as_its_own_call(mlp, tmp_path):
+    import tritonclient.http as httpclient
+
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((1 + k % 2, 1024), dtype=np.float32) for k in range(8)]
+    answers = {}
+
+    def send(k):
+        c = httpclient.InferenceServerClient(srv.url, network_timeout=300)
+        try:
+            answers[k] = _infer(c, xs[k])
+        finally:
+            c.close()
+
+    with _eager_batch_server(mlp, tmp_path, False) as srv:
+        pool = [threading.Thread(target=send, args=(k,)) for k in range(len(xs))]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join(300)
+        c = httpclient.InferenceServerClient(srv.url)
+        (stats,) = c.get_inference_statistics("mlp")["model_stats"]
+        config = c.get_model_config("mlp")
+        c.close()
+        log = srv.log_tail()
+    assert stats["execution_count"] == len(xs) and stats["inference_count"] == sum(x.shape[0] for x in xs)
+    assert config["max_batch_size"] == MAX_BATCH and "dynamic_batching" not in config
+    assert "batching off (requests of up to 32 rows, each its own call)" in log
+    for k, x in enumerate(xs):
+        with torch.no_grad():
+            np.testing.assert_allclose(answers[k], mlp[1].module(torch.from_numpy(x.copy())).numpy(), rtol=1e-4,
+                                       atol=1e-5)
 
 
 def test_serve_batching_refuses_requests_that_do_not_fit(batch_server):

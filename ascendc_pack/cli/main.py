@@ -259,10 +259,12 @@ def _eager_runner_factory(model_file: str, threads: int | None = None):
               help="Thread cap of each instance's calls (default: torch's threads // instances, in each instance).")
 @click.option("--max-queue-delay-us", default=None, type=click.IntRange(0),
               help="Bundles with a batch dim: how long Triton's dynamic batcher holds a request for others (default 2000).")
+@click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
+              help="Bundles with a batch dim: let Triton's dynamic batcher group requests into one call.")
 @click.option("--vendor-runtime/--no-vendor-runtime", default=True, show_default=True,
               help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy<2 and zstandard).")
 @click.option("--force", is_flag=True, help="Replace REPO/NAME if it exists.")
-def export_triton(bundle, repo, name, instances, threads, max_queue_delay_us, vendor_runtime, force):
+def export_triton(bundle, repo, name, instances, threads, max_queue_delay_us, dynamic_batching, vendor_runtime, force):
     """Write a Triton Inference Server model repository (Python backend) for BUNDLE."""
     import importlib.util
 
@@ -275,12 +277,15 @@ def export_triton(bundle, repo, name, instances, threads, max_queue_delay_us, ve
     try:
         result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force,
                         threads=threads, max_queue_delay_us=DEFAULT_QUEUE_DELAY_US if max_queue_delay_us is None
-                        else max_queue_delay_us)
+                        else max_queue_delay_us, dynamic_batching=dynamic_batching)
     except (BundleError, PackError, ValueError) as exc:
         _fail(exc)
         return
-    batching = ("dynamic_batching on (the bundle has a batch dim)" if result.batching else
-                "max_batch_size 0: static shapes, one call per request")
+    if result.max_batch_size == 0:
+        batching = "max_batch_size 0: static shapes, one call per request"
+    else:
+        batching = f"max_batch_size {result.max_batch_size}, " + (
+            "dynamic_batching on" if result.batching else "no dynamic_batching: one call per request")
     click.echo(f"wrote {result.model_dir} (config.pbtxt, 1/model.py, 1/{result.bundle.name}"
                f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); {batching}")
     click.echo("next:")

@@ -50,16 +50,19 @@ class TritonExport:
     config: Path
     model_py: Path
     bundle: Path
+    max_batch_size: int = 0
+    """0: static shapes; else the bundle's largest batch."""
     batching: bool = False
-    """Whether the config batches requests (the bundle has a batch dim)."""
+    """Whether Triton's dynamic batcher groups requests (a batch dim, dynamic_batching on)."""
 
 
 def render_config(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec], *, instances: int = 1,
                   bundle_file: str = BUNDLE_FILE, source: str = "", batch=None, threads: int | None = None,
-                  max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> str:
+                  max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US, dynamic_batching: bool = True) -> str:
     """config.pbtxt text of the model (protobuf text format)."""
     return to_pbtxt(model_config(name, inputs, outputs, batch=batch, instances=instances, bundle_file=bundle_file,
-                                 threads=threads, max_queue_delay_us=max_queue_delay_us), source)
+                                 threads=threads, max_queue_delay_us=max_queue_delay_us,
+                                 dynamic_batching=dynamic_batching), source)
 
 
 def _runtime_dir() -> Path:
@@ -68,12 +71,13 @@ def _runtime_dir() -> Path:
 
 def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = None, instances: int = 1,
                   vendor_runtime: bool = True, force: bool = False, threads: int | None = None,
-                  max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> TritonExport:
+                  max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US, dynamic_batching: bool = True) -> TritonExport:
     """Write ``repo/<name>/`` for Triton's Python backend; returns the paths written.
 
     ``threads``: thread cap of each instance's calls (default: torch's threads // ``instances``,
     decided in each instance); ``max_queue_delay_us``: how long Triton's dynamic batcher holds a
-    request for others (bundles with a batch dim only).
+    request for others; ``dynamic_batching`` False: no dynamic batcher, each request one call
+    (bundles with a batch dim only; the comparison without batching).
 
     The bundle is verified first (a typed :class:`ascendc_pack_runtime.BundleError` if it is
     broken). An existing ``repo/<name>`` is replaced only with ``force``; the new directory
@@ -111,7 +115,8 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
         version.mkdir()
         (tmp / "config.pbtxt").write_text(render_config(name, inputs, outputs, instances=instances,
                                                         source=bundle.name, batch=batch, threads=threads,
-                                                        max_queue_delay_us=max_queue_delay_us))
+                                                        max_queue_delay_us=max_queue_delay_us,
+                                                        dynamic_batching=dynamic_batching))
         shutil.copyfile(_runtime_dir() / "triton_model.py", version / "model.py")
         shutil.copyfile(bundle, version / BUNDLE_FILE)
         if vendor_runtime:
@@ -125,7 +130,7 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
         raise
     return TritonExport(repo=repo, model_dir=final, config=final / "config.pbtxt",
                         model_py=final / MODEL_VERSION / "model.py", bundle=final / MODEL_VERSION / BUNDLE_FILE,
-                        batching=batch is not None)
+                        max_batch_size=batch.max_batch if batch else 0, batching=batch is not None and dynamic_batching)
 
 
 __all__ = ["export_triton", "render_config", "triton_type", "TritonExport", "TritonExportError"]

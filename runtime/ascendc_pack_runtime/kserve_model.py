@@ -116,12 +116,15 @@ class AscpackModel(kserve.Model):
             a static bundle does not batch); None: never batch; a :class:`.batching.BatchSpec`:
             batch so (the eager comparison of a model whose rows are independent).
         max_batch_delay_s: how long a request waits for others to batch with.
+        batching: False: requests keep the batch dim's shapes (``[rows, ...]``) but each runs as
+            its own call (``serve --no-batching``).
     """
 
     def __init__(self, bundle: str | Path, name: str | None = None, *, workers: int = 1,
                  runner_factory: Callable[[], Runner] | None = None,
                  cache_dir: str | Path | None = None, platform: str | None = None, threads: int | None = None,
-                 batch: BatchSpec | str | None = "bundle", max_batch_delay_s: float = 0.002):
+                 batch: BatchSpec | str | None = "bundle", max_batch_delay_s: float = 0.002,
+                 batching: bool = True):
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         if not max_batch_delay_s >= 0:
@@ -145,6 +148,7 @@ class AscpackModel(kserve.Model):
         self._outputs_meta = v2.metadata_of(self.output_specs, b and [t.item_shape for t in b.outputs])
         self.platform = platform or f"ascendc-pack_{first.manifest.get('backend', 'cpu')}"
         self.max_batch_delay_s = max_batch_delay_s
+        self.batching = batching and b is not None
         self.input_bytes = sum(prod(s.shape) * s.dtype.itemsize for s in self.input_specs) if b is None else \
             sum(b.max_batch * prod(max(d, 1) for d in t.item_shape) * t.dtype.itemsize for t in b.inputs)
         if runner_factory is None:  # the instance loaded for the metadata is the first runner
@@ -172,7 +176,7 @@ class AscpackModel(kserve.Model):
                 self._warm_up(runner)
                 runners.append(runner)
             self._pool = _Pool(runners)
-            if self.batch is not None:
+            if self.batching:
                 self.batcher = Batcher(self.batch, self._pool.run, max_delay_s=self.max_batch_delay_s,
                                        slots=self.workers)
             self.load_seconds = time.perf_counter() - t0
@@ -221,7 +225,7 @@ class AscpackModel(kserve.Model):
         config = triton_config.model_config(self.name, self.input_specs, self.output_specs, batch=self.batch,
                                             instances=self.workers, bundle_file=self.bundle.name,
                                             max_queue_delay_us=round(self.max_batch_delay_s * 1e6),
-                                            threads=self.threads)
+                                            threads=self.threads, dynamic_batching=self.batching)
         config["backend"] = "ascendc-pack"
         config["platform"] = self.platform
         return config

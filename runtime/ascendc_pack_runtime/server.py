@@ -117,7 +117,7 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     start line (address, model, instances, limits), a ready line and, unless
     ``options.access_log`` is off, a line per request, at any logging level (:func:`show_logs`).
     ``batch``: as :class:`~ascendc_pack_runtime.kserve_model.AscpackModel` takes it (``"bundle"``:
-    the bundle's batch dim, if any); ``options.batching`` False turns batching off.
+    the bundle's batch dim, if any); ``options.batching`` False runs each request as its own call.
     """
     kserve_app, kserve_model = _import_serving()
     from kserve import ModelServer
@@ -130,7 +130,7 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     threads = per_instance_threads(options.workers, options.threads)
     model = kserve_model.AscpackModel(bundle, name, workers=options.workers, runner_factory=runner_factory,
                                       platform=platform, cache_dir=cache_dir, threads=threads,
-                                      batch=batch if options.batching else None,
+                                      batch=batch, batching=options.batching,
                                       max_batch_delay_s=options.max_batch_delay_s)
     limits = EdgeLimits(max_body_bytes=options.max_body_bytes or default_max_body_bytes(model.input_bytes),
                         header_timeout_s=options.header_timeout_s, body_timeout_s=options.body_timeout_s,
@@ -159,10 +159,12 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
     server.servers.append(rest.start())
     threading.Thread(target=load_in_background, name="ascpack-load", daemon=True).start()
     server.register_signal_handler()
-    if model.batch is not None:
+    if model.batching:
         batching = f"batches up to {model.batch.max_batch} rows within {options.max_batch_delay_s * 1e3:g} ms"
+    elif model.batch is not None:
+        batching = f"batching off (requests of up to {model.batch.max_batch} rows, each its own call)"
     else:
-        batching = "no batching (the bundle has static shapes)" if options.batching else "batching off"
+        batching = "no batching (the bundle has static shapes)"
     logger.info("serving %s as %r on %s (V2 REST, %d instance(s), %s, %s, body limit %d bytes, "
                 "header/body timeouts %g/%g s, at most %d requests in progress and %d connections); %s; loading",
                 bundle, model.name, url, options.workers,

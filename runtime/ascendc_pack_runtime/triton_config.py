@@ -67,14 +67,16 @@ def config_dims(spec: TensorSpec, batch: BatchSpec | None, index: int, kind: str
 
 def model_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
                  batch: BatchSpec | None = None, instances: int = 1, bundle_file: str = DEFAULT_BUNDLE,
-                 max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US, threads: int | None = None) -> dict:
-    """The configuration of the model (Triton's JSON form)."""
+                 max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US, threads: int | None = None,
+                 dynamic_batching: bool = True) -> dict:
+    """The configuration of the model (Triton's JSON form). ``dynamic_batching`` False (with a
+    batch spec): Triton passes each request as it came, with its batch dim, one per call."""
     config: dict = {
         "name": name, "backend": "python", "max_batch_size": batch.max_batch if batch else 0,
         "input": [_tensor(s, config_dims(s, batch, i, "input"), batch is not None) for i, s in enumerate(inputs)],
         "output": [_tensor(s, config_dims(s, batch, i, "output"), batch is not None) for i, s in enumerate(outputs)],
     }
-    if batch is not None:
+    if batch is not None and dynamic_batching:
         config["dynamic_batching"] = {"preferred_batch_size": list(batch.preferred),
                                       "max_queue_delay_microseconds": int(max_queue_delay_us)}
     config["instance_group"] = [{"count": int(instances), "kind": "KIND_CPU"}]
