@@ -252,3 +252,48 @@ def test_example_client_reports_a_bad_url_and_an_absent_server_in_one_line(capsy
     for url in ("https://127.0.0.1:8080", "127.0.0.1:8080/v2", "localhost"):
         with pytest.raises(SystemExit, match=r"^error: --url .*host:port"):
             client.main(["--url", url, "--model", "mlp"])
+
+
+def test_serve_batches_a_dynamic_batch_bundle(tmp_path_factory, tmp_path):
+    """The bundle itself with a batch dim (dynamic shapes): 16 clients of 1-row requests."""
+    import tritonclient.http as httpclient
+
+    from .triton_helpers import build_dynamic_bundle
+
+    bundle, loaded = build_dynamic_bundle(tmp_path_factory)
+    item = tuple(loaded.example_inputs[0].shape[1:])
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn((1, *item), generator=g).numpy() for _ in range(32)]
+    answers, errors = {}, []
+
+    def send(k):
+        c = httpclient.InferenceServerClient(srv.url, network_timeout=300)
+        try:
+            for j in range(k, len(xs), 16):
+                i = httpclient.InferInput("x", list(xs[j].shape), "FP32")
+                i.set_data_from_numpy(xs[j])
+                answers[j] = c.infer(name, [i]).as_numpy(out)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(str(e))
+        finally:
+            c.close()
+
+    import ascendc_pack_runtime as rt
+
+    manifest = rt.read_manifest(bundle)
+    name, out = manifest.model_name, manifest.outputs[0].name
+    with Server(bundle, tmp_path / "serve.log", tmp_path / "rt", extra=["--max-batch-delay-ms", "20"]) as srv:
+        pool = [threading.Thread(target=send, args=(k,)) for k in range(16)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join(300)
+        c = httpclient.InferenceServerClient(srv.url)
+        (stats,) = c.get_inference_statistics(name)["model_stats"]
+        c.close()
+    assert not errors, errors[:3]
+    assert stats["inference_count"] == len(xs) and stats["execution_count"] < len(xs)
+    for j, x in enumerate(xs):
+        with torch.no_grad():
+            np.testing.assert_allclose(answers[j], loaded.module(torch.from_numpy(x.copy())).numpy(), rtol=1e-4,
+                                       atol=1e-4)

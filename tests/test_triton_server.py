@@ -25,7 +25,7 @@ from ascendc_pack.package.triton_export import export_triton
 from ascendc_pack_runtime.triton_config import model_config
 
 from .serve_helpers import build_bundles
-from .triton_helpers import TritonServer, triton_unavailable
+from .triton_helpers import DYNAMIC_BUCKETS, DYNAMIC_RANGE, TritonServer, build_dynamic_bundle, triton_unavailable
 
 INSTANCES = 2
 
@@ -187,3 +187,68 @@ def test_triton_setup_cli_prepares_the_backend_and_prints_the_command(triton, tm
     assert command.startswith(f"PATH={Path(sys.executable).parent}:$PATH ")   # the stub runs this Python
     assert f"--model-repository {export.repo.resolve()} --backend-directory {tmp_path / 'tb'}" in command
     assert "--http-address 127.0.0.1 --http-port 18000 --grpc-address 127.0.0.1 --grpc-port 18001" in command
+
+
+@pytest.fixture(scope="module")
+def dynamic_triton(tmp_path_factory):
+    work = tmp_path_factory.mktemp("triton_dynamic")
+    reason = triton_unavailable(work / "backend")
+    if reason is not None:
+        pytest.skip(f"tritonserver cannot run here: {reason}")
+    bundle, loaded = build_dynamic_bundle(tmp_path_factory)
+    export = export_triton(bundle, work / "repo", name="encoder", max_queue_delay_us=20000)
+    with TritonServer(work / "repo", work / "backend", work / "triton.log", work / "rt_cache") as server:
+        yield server, export, loaded
+
+
+def test_triton_batches_the_requests_of_a_dynamic_batch_bundle(dynamic_triton):
+    """16 clients send 1- and 2-row requests; Triton's dynamic batcher groups them, model.py runs
+    each group as one call: fewer executions than inferences, every answer is eager's."""
+    import threading
+
+    import tritonclient.http as httpclient
+
+    server, export, loaded = dynamic_triton
+    assert export.batching and export.max_batch_size == DYNAMIC_RANGE[1]
+    g = torch.Generator().manual_seed(11)
+    item = tuple(loaded.example_inputs[0].shape[1:])
+    xs = [[torch.randn((1 + (t + k) % 2, *item), generator=g).numpy() for k in range(3)] for t in range(16)]
+    answers, errors = {}, []
+
+    def client(t):
+        c = httpclient.InferenceServerClient(server.url, network_timeout=300)
+        try:
+            for k, x in enumerate(xs[t]):
+                i = httpclient.InferInput("x", list(x.shape), "FP32")
+                i.set_data_from_numpy(x)
+                answers[t, k] = c.infer("encoder", [i]).as_numpy(export_output_name(export))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"client {t}: {e}")
+        finally:
+            c.close()
+
+    pool = [threading.Thread(target=client, args=(t,)) for t in range(16)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join(300)
+    assert not errors, errors[:3]
+    for t in range(16):
+        for k, x in enumerate(xs[t]):
+            with torch.no_grad():
+                want = loaded.module(torch.from_numpy(x.copy())).numpy()
+            np.testing.assert_allclose(answers[t, k], want, rtol=1e-4, atol=1e-4)
+    c = httpclient.InferenceServerClient(server.url)
+    try:
+        stats = c.get_inference_statistics("encoder")["model_stats"][0]
+        config = c.get_model_config("encoder")
+    finally:
+        c.close()
+    rows = sum(x.shape[0] for per in xs for x in per)
+    assert int(stats["inference_count"]) == rows
+    assert int(stats["execution_count"]) < 48   # requests shared calls
+    assert config["dynamic_batching"]["preferred_batch_size"] == [b for b in DYNAMIC_BUCKETS if b > 1]
+
+
+def export_output_name(export) -> str:
+    return rt.read_manifest(export.bundle).outputs[0].name
