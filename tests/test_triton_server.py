@@ -25,7 +25,7 @@ from ascendc_pack.package.triton_export import export_triton
 from ascendc_pack_runtime.triton_config import model_config
 
 from .serve_helpers import build_bundles
-from .triton_helpers import DYNAMIC_BUCKETS, DYNAMIC_RANGE, TritonServer, build_dynamic_bundle, triton_unavailable
+from .triton_helpers import DYNAMIC_BUCKETS, DYNAMIC_RANGE, TritonServer, build_dynamic_bundle, skip_without_triton
 
 INSTANCES = 2
 
@@ -33,9 +33,7 @@ INSTANCES = 2
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
     work = tmp_path_factory.mktemp("triton")
-    reason = triton_unavailable(work / "backend")
-    if reason is not None:
-        pytest.skip(f"tritonserver cannot run here: {reason}")
+    skip_without_triton(work / "backend")
     bundle, loaded = build_bundles(tmp_path_factory, ["add_sum"])["add_sum"]
     export = export_triton(bundle, work / "repo", instances=INSTANCES)
     with TritonServer(work / "repo", work / "backend", work / "triton.log", work / "rt_cache") as server:
@@ -192,9 +190,7 @@ def test_triton_setup_cli_prepares_the_backend_and_prints_the_command(triton, tm
 @pytest.fixture(scope="module")
 def dynamic_triton(tmp_path_factory):
     work = tmp_path_factory.mktemp("triton_dynamic")
-    reason = triton_unavailable(work / "backend")
-    if reason is not None:
-        pytest.skip(f"tritonserver cannot run here: {reason}")
+    skip_without_triton(work / "backend")
     bundle, loaded = build_dynamic_bundle(tmp_path_factory)
     export = export_triton(bundle, work / "repo", name="encoder", max_queue_delay_us=20000)
     with TritonServer(work / "repo", work / "backend", work / "triton.log", work / "rt_cache") as server:

@@ -4,14 +4,12 @@ skip with that reason), :class:`TritonServer` starts one on free ports and stops
 
 from __future__ import annotations
 
-import http.client
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .serve_helpers import ServerError, free_port
+from .serve_helpers import free_port, wait_http_ready
 
 
 def triton_unavailable(backend_dir: Path) -> str | None:
@@ -23,6 +21,15 @@ def triton_unavailable(backend_dir: Path) -> str | None:
     except TritonSetupError as e:
         return str(e)
     return None
+
+
+def skip_without_triton(backend_dir: Path) -> None:
+    """pytest.skip with the reason where tritonserver cannot run here."""
+    import pytest
+
+    reason = triton_unavailable(backend_dir)
+    if reason is not None:
+        pytest.skip(f"tritonserver cannot run here: {reason}")
 
 
 @dataclass
@@ -57,7 +64,8 @@ class TritonServer:
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(cmd + ["--exit-timeout-secs", "10"], stdout=self._log_file,
                                      stderr=subprocess.STDOUT, env=env)
-        self._wait_ready()
+        wait_http_ready(self.proc, self.http_port, self.ready_timeout, lambda: self.log_text()[-4000:], self.stop,
+                        "tritonserver")
         return self
 
     def log_text(self) -> str:
@@ -65,24 +73,6 @@ class TritonServer:
             return self.log.read_text(errors="replace")
         except OSError:
             return ""
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=2)
-                c.request("GET", "/v2/health/ready")
-                status = c.getresponse().status
-                c.close()
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerError(f"tritonserver not ready after {self.ready_timeout} s:\n{self.log_text()[-4000:]}")
 
     def stop(self) -> int | None:
         if self.proc is None:
