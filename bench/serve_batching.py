@@ -20,7 +20,8 @@ eager module behind ``serve``'s Python API with a BatchSpec made from ``--bundle
 (dim 0 is the rows; the model's rows must be independent), Triton is left out, and the
 in-process row is the eager module.
 
-Every contender is its own server process, started and stopped in turn; ``--clients`` threads
+Every contender is its own server process, started and stopped in turn (the in-process calls
+run in the same rounds, while no server runs); ``--clients`` threads
 (one tritonclient each) send ``--requests`` one-row binary requests each, cycling over 8 inputs,
 and every answer is compared with the in-process result for the same row. Rounds rotate the
 order of the contenders (interleaved); the table gives the median of the rounds for requests/s,
@@ -122,6 +123,8 @@ def main(argv=None) -> None:
     p.add_argument("--delay-ms", type=float, default=2.0, help="batching delay of both servers")
     p.add_argument("--contenders", default="triton batching,triton off,serve batching,serve off")
     a = p.parse_args(argv)
+    if a.rounds < 1 or a.clients < 1 or a.requests < 1:
+        raise SystemExit("--rounds, --clients and --requests must be >= 1")
 
     work = Path(tempfile.mkdtemp(prefix="ascpack_serve_batching_"))
     model = rt.load(a.bundle, cache_dir=work / "rt")
@@ -145,11 +148,10 @@ def main(argv=None) -> None:
         call = model.run_flat
     expected = [call(x)[0].numpy().copy() for x in rows]
     big = torch.randn((spec.max_batch, *item), generator=g)
-    inproc_1 = median_ms(call, (rows[0],), 50)
-    inproc_max = median_ms(call, (big,), 12)
     name = model.name
     in_name, out_name = spec.inputs[0].name, spec.outputs[0].name
-    model.close()
+    if a.eager:
+        model.close()
 
     contenders = [c.strip() for c in a.contenders.split(",") if c.strip()]
     skip = {}
@@ -184,9 +186,15 @@ def main(argv=None) -> None:
         print(f"  {c}: skipped ({why})", flush=True)
     runs = [c for c in contenders if c not in skip]
     results: dict[str, list] = {c: [] for c in runs}
+    inproc: list[tuple[float, float]] = []
     for r in range(a.rounds):
         order = runs[r % len(runs):] + runs[:r % len(runs)]
-        for c in order:
+        for c in order + ["in-process"]:
+            if c == "in-process":   # in the same rounds as the servers, none of which runs meanwhile
+                inproc.append((median_ms(call, (rows[0],), 40), median_ms(call, (big,), 10)))
+                print(f"  round {r + 1} in-process     batch 1 {inproc[-1][0]:.2f} ms, batch {spec.max_batch} "
+                      f"{inproc[-1][1]:.2f} ms per call", flush=True)
+                continue
             with server(c) as srv:
                 inf0, ex0 = stats_of(srv.url, name)
                 st = concurrent_run(srv.url, name, in_name, out_name, [x.numpy() for x in rows], expected,
@@ -206,7 +214,11 @@ def main(argv=None) -> None:
         med = [statistics.median(x[i] for x in rs) for i in range(4)]
         print(f"| {c} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.1f} | "
               f"{sum(x[4] for x in rs)} / {sum(x[5] for x in rs)} |")
+    if not a.eager:
+        model.close()
     label = "eager" if a.eager else "runtime"
+    inproc_1 = statistics.median(x[0] for x in inproc)
+    inproc_max = statistics.median(x[1] for x in inproc)
     print(f"| in-process {label}, batch 1 | {1e3 / inproc_1:.1f} | {inproc_1:.2f} (one call) | | 1 | |")
     print(f"| in-process {label}, batch {spec.max_batch} | {1e3 * spec.max_batch / inproc_max:.1f} rows/s | "
           f"{inproc_max:.2f} (one call) | | {spec.max_batch} | |")
