@@ -60,6 +60,29 @@ class ServerError(RuntimeError):
     pass
 
 
+def wait_http_ready(proc: subprocess.Popen, port: int, timeout: float, log_tail, stop, what: str) -> None:
+    """Poll ``GET /v2/health/ready`` on 127.0.0.1:``port`` until 200; a ServerError with the log's
+    tail when ``proc`` exits or ``timeout`` passes (then ``stop()`` first)."""
+    import http.client
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"{what} exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/v2/health/ready")
+            status = c.getresponse().status
+            c.close()
+            if status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    stop()
+    raise ServerError(f"{what} not ready after {timeout} s:\n{log_tail()}")
+
+
 @dataclass
 class Server:
     """``ascendc-pack serve`` in a subprocess on 127.0.0.1 (a context manager)."""
@@ -74,6 +97,9 @@ class Server:
     ready_timeout: float = 120.0
     port: int = 0
     proc: subprocess.Popen | None = None
+    script: str | None = None
+    """Python source run instead of the CLI (``PORT`` is defined in it): a server made with the
+    Python API (``ascendc_pack_runtime.server.serve``)."""
 
     @property
     def url(self) -> str:
@@ -87,6 +113,8 @@ class Server:
             cmd += ["--name", self.name]
         if self.eager:
             cmd += ["--eager", str(self.eager)]
+        if self.script is not None:
+            cmd = [sys.executable, "-c", f"PORT = {self.port}\n{self.script}"]
         env = dict(os.environ, ASCENDC_PACK_RUNTIME_CACHE=str(self.cache_dir), PYTHONUNBUFFERED="1")
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
@@ -100,24 +128,7 @@ class Server:
             return ""
 
     def wait_ready(self) -> None:
-        import http.client
-
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/v2/health/ready")
-                status = c.getresponse().status
-                c.close()
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerError(f"server not ready after {self.ready_timeout} s:\n{self.log_tail()}")
+        wait_http_ready(self.proc, self.port, self.ready_timeout, self.log_tail, self.stop, "server")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

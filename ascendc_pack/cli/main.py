@@ -203,14 +203,19 @@ def bench(model_file, topn, repeat, cold_runs, contenders, same_process, content
               help="Open connections; one more closes the longest-idle connection (idle sockets cannot starve the server).")
 @click.option("--threads", default=None, type=POSITIVE_INT,
               help="Thread cap of each instance's calls: fused kernels and torch's intra-op threads (default: none for one worker, torch's threads // workers for several).")
+@click.option("--batching/--no-batching", default=True, show_default=True,
+              help="Bundles with a batch dim: run concurrent requests as one call (static bundles never batch).")
+@click.option("--max-batch-delay-ms", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="How long a request waits for others to batch with (requests queued behind busy instances batch anyway).")
 @click.option("--eager", "eager_model", default=None, metavar="MODEL.py",
               help="Comparison baseline: serve MODEL.py's eager PyTorch module (same signature, same server) instead of the bundle's graph.")
 def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_timeout, body_timeout, keep_alive,
-          limit_concurrency, max_connections, threads, eager_model):
+          limit_concurrency, max_connections, threads, batching, max_batch_delay_ms, eager_model):
     """Serve BUNDLE over the Open Inference Protocol (V2 REST) with KServe's model server.
 
     Needs the `serve` extra (pip install 'ascendc-pack[serve]'). Works with tritonclient's
     HTTP client in JSON and binary mode; ready once every instance is loaded and warmed up.
+    Prints a start line, a ready line and (unless --no-access-log) one line per request.
     OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE unless you set
     OMP_WAIT_POLICY or GOMP_SPINCOUNT): see the README's runtime threading section.
     """
@@ -224,7 +229,8 @@ def serve(bundle, name, host, port, workers, access_log, max_body_mb, header_tim
                                max_body_bytes=None if max_body_mb is None else int(max_body_mb * 2**20),
                                header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                                keep_alive_s=keep_alive, limit_concurrency=limit_concurrency,
-                               max_connections=max_connections)
+                               max_connections=max_connections, batching=batching,
+                               max_batch_delay_s=max_batch_delay_ms / 1e3)
         if eager_model is not None:
             factory = _eager_runner_factory(eager_model, per_instance_threads(workers, threads))
         serve_bundle(bundle, options, name=name, runner_factory=factory,
@@ -261,22 +267,67 @@ def _eager_runner_factory(model_file: str, threads: int | None = None):
 @click.option("--name", default=None, help="Model name (default: the bundle's model name).")
 @click.option("--instances", default=1, show_default=True, type=click.IntRange(1, 64),
               help="instance_group count (KIND_CPU): Triton runs one Python stub process per instance.")
+@click.option("--threads", default=None, type=POSITIVE_INT,
+              help="Thread cap of each instance's calls (default: torch's threads // instances, in each instance).")
+@click.option("--max-queue-delay-us", default=None, type=click.IntRange(0),
+              help="Bundles with a batch dim: how long Triton's dynamic batcher holds a request for others (default 2000).")
+@click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
+              help="Bundles with a batch dim: let Triton's dynamic batcher group requests into one call.")
 @click.option("--vendor-runtime/--no-vendor-runtime", default=True, show_default=True,
-              help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy and zstandard).")
+              help="Copy ascendc_pack_runtime next to model.py (Triton's Python then needs only torch, numpy<2 and zstandard).")
 @click.option("--force", is_flag=True, help="Replace REPO/NAME if it exists.")
-def export_triton(bundle, repo, name, instances, vendor_runtime, force):
+def export_triton(bundle, repo, name, instances, threads, max_queue_delay_us, dynamic_batching, vendor_runtime, force):
     """Write a Triton Inference Server model repository (Python backend) for BUNDLE."""
+    import importlib.util
+
     from ascendc_pack_runtime.errors import BundleError
+    from ascendc_pack_runtime.triton_config import DEFAULT_QUEUE_DELAY_US
 
     from ascendc_pack.package.triton_export import export_triton as export
+    from ascendc_pack.package.triton_setup import INSTALL
 
     try:
-        result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force)
+        result = export(bundle, repo, name=name, instances=instances, vendor_runtime=vendor_runtime, force=force,
+                        threads=threads, max_queue_delay_us=DEFAULT_QUEUE_DELAY_US if max_queue_delay_us is None
+                        else max_queue_delay_us, dynamic_batching=dynamic_batching)
     except (BundleError, PackError, ValueError) as exc:
         _fail(exc)
         return
+    if result.max_batch_size == 0:
+        batching = "max_batch_size 0: static shapes, one call per request"
+    else:
+        batching = f"max_batch_size {result.max_batch_size}, " + (
+            "dynamic_batching on" if result.batching else "no dynamic_batching: one call per request")
     click.echo(f"wrote {result.model_dir} (config.pbtxt, 1/model.py, 1/{result.bundle.name}"
-               f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); run: tritonserver --model-repository {result.repo}")
+               f"{', 1/ascendc_pack_runtime/' if vendor_runtime else ''}); {batching}")
+    click.echo("next:")
+    if importlib.util.find_spec("pytriton") is None:
+        click.echo(f"  {INSTALL}")
+    click.echo(f"  ascendc-pack triton-setup triton_backend --repo {result.repo}   # prepares Triton's Python backend "
+               "and prints the tritonserver command")
+
+
+@main.command("triton-setup")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--repo", default="model_repository", show_default=True,
+              help="Model repository the printed command serves (written by export-triton).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address tritonserver listens on.")
+@click.option("--http-port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--grpc-port", default=8001, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--metrics-port", default=8002, show_default=True, type=click.IntRange(1, 65535))
+def triton_setup(directory, repo, host, http_port, grpc_port, metrics_port):
+    """Prepare DIRECTORY as Triton's Python backend directory (from the nvidia-pytriton wheel) and
+    print the tritonserver command that serves REPO with this Python."""
+    from ascendc_pack.package.triton_setup import prepare_backend
+
+    try:
+        setup = prepare_backend(directory)
+    except PackError as exc:
+        _fail(exc)
+        return
+    click.echo(f"prepared {setup.backend_dir}/python (Triton's Python backend; the stub runs {setup.python_bin}/python3)")
+    click.echo("serve the repository with:")
+    click.echo("  " + setup.shell(repo, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port))
 
 
 # --- runtime tools: inspect / verify / run a bundle (ascendc_pack_runtime.tools; no compiler) ---

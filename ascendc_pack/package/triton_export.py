@@ -7,14 +7,17 @@
     REPO/<name>/1/model.ascpack              the bundle, unchanged
     REPO/<name>/1/ascendc_pack_runtime/      the runtime's Python files (unless vendor_runtime=False)
 
-and ``tritonserver --model-repository REPO`` serves it (HTTP/gRPC V2, with Triton's own
-batching of requests across instances). Shapes are static, so ``max_batch_size`` is 0 and
-``dims`` are the full shapes; a 0-d tensor is ``dims: [ 1 ]`` with ``reshape: { shape: [ ] }``.
+and tritonserver serves it (HTTP/gRPC V2; :mod:`ascendc_pack.package.triton_setup` prepares the
+Python backend directory and prints the command). The configuration is
+:func:`ascendc_pack_runtime.triton_config.model_config`: a bundle with static shapes has
+``max_batch_size: 0`` and full ``dims`` (every request is one call); one whose manifest declares
+a batch dim (:func:`ascendc_pack_runtime.batching.batch_spec`) gets ``max_batch_size`` and
+``dynamic_batching`` with its tuned batch sizes preferred, and model.py runs each batch Triton
+forms as one call.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -22,14 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ascendc_pack_runtime
+from ascendc_pack_runtime.batching import batch_spec
 from ascendc_pack_runtime.bundle import open_bundle
 from ascendc_pack_runtime.model import TensorSpec
+from ascendc_pack_runtime.triton_config import (DEFAULT_BUNDLE, DEFAULT_QUEUE_DELAY_US, model_config, to_pbtxt,
+                                                triton_type)
 from ascendc_pack_runtime.v2 import v2_datatype
 
 from ascendc_pack.errors import PackError
 
 MODEL_VERSION = "1"
-BUNDLE_FILE = "model.ascpack"
+BUNDLE_FILE = DEFAULT_BUNDLE
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -44,42 +50,19 @@ class TritonExport:
     config: Path
     model_py: Path
     bundle: Path
-
-
-def triton_type(spec: TensorSpec) -> str:
-    """The config.pbtxt ``data_type`` of a tensor (``TYPE_FP32``, ...)."""
-    dt = v2_datatype(spec)
-    return "TYPE_STRING" if dt == "BYTES" else f"TYPE_{dt}"
-
-
-def _tensor_block(spec: TensorSpec) -> str:
-    lines = ["  {", f"    name: {json.dumps(spec.name)}", f"    data_type: {triton_type(spec)}"]
-    if spec.shape:
-        lines.append(f"    dims: [ {', '.join(str(d) for d in spec.shape)} ]")
-    else:  # Triton needs at least one dim: carry a scalar as [1], reshaped to []
-        lines += ["    dims: [ 1 ]", "    reshape: { shape: [ ] }"]
-    lines.append("  }")
-    return "\n".join(lines)
+    max_batch_size: int = 0
+    """0: static shapes; else the bundle's largest batch."""
+    batching: bool = False
+    """Whether Triton's dynamic batcher groups requests (a batch dim, dynamic_batching on)."""
 
 
 def render_config(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec], *, instances: int = 1,
-                  bundle_file: str = BUNDLE_FILE, source: str = "") -> str:
+                  bundle_file: str = BUNDLE_FILE, source: str = "", batch=None, threads: int | None = None,
+                  max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US, dynamic_batching: bool = True) -> str:
     """config.pbtxt text of the model (protobuf text format)."""
-    head = f"# written by ascendc-pack export-triton from {source}\n" if source else ""
-    return (
-        f"{head}name: {json.dumps(name)}\n"
-        'backend: "python"\n'
-        "max_batch_size: 0\n"
-        "input [\n" + ",\n".join(_tensor_block(s) for s in inputs) + "\n]\n"
-        "output [\n" + ",\n".join(_tensor_block(s) for s in outputs) + "\n]\n"
-        "instance_group [\n  {\n"
-        f"    count: {int(instances)}\n"
-        "    kind: KIND_CPU\n  }\n]\n"
-        "parameters: {\n"
-        '  key: "ascpack_bundle"\n'
-        f"  value: {{ string_value: {json.dumps(bundle_file)} }}\n"
-        "}\n"
-    )
+    return to_pbtxt(model_config(name, inputs, outputs, batch=batch, instances=instances, bundle_file=bundle_file,
+                                 threads=threads, max_queue_delay_us=max_queue_delay_us,
+                                 dynamic_batching=dynamic_batching), source)
 
 
 def _runtime_dir() -> Path:
@@ -87,8 +70,14 @@ def _runtime_dir() -> Path:
 
 
 def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = None, instances: int = 1,
-                  vendor_runtime: bool = True, force: bool = False) -> TritonExport:
+                  vendor_runtime: bool = True, force: bool = False, threads: int | None = None,
+                  max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US, dynamic_batching: bool = True) -> TritonExport:
     """Write ``repo/<name>/`` for Triton's Python backend; returns the paths written.
+
+    ``threads``: thread cap of each instance's calls (default: torch's threads // ``instances``,
+    decided in each instance); ``max_queue_delay_us``: how long Triton's dynamic batcher holds a
+    request for others; ``dynamic_batching`` False: no dynamic batcher, each request one call
+    (bundles with a batch dim only; the comparison without batching).
 
     The bundle is verified first (a typed :class:`ascendc_pack_runtime.BundleError` if it is
     broken). An existing ``repo/<name>`` is replaced only with ``force``; the new directory
@@ -106,6 +95,11 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
     outputs = [TensorSpec.from_json(d, f"outputs[{i}]") for i, d in enumerate(manifest["outputs"])]
     for s in inputs + outputs:
         v2_datatype(s)  # UnservableBundleError (a ValueError) for complex tensors
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise TritonExportError(f"threads must be an integer >= 1, got {threads!r}")
+    if not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
+        raise TritonExportError(f"max_queue_delay_us must be an integer >= 0, got {max_queue_delay_us!r}")
+    batch = batch_spec(manifest)
 
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
@@ -120,7 +114,9 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
         version = tmp / MODEL_VERSION
         version.mkdir()
         (tmp / "config.pbtxt").write_text(render_config(name, inputs, outputs, instances=instances,
-                                                        source=bundle.name))
+                                                        source=bundle.name, batch=batch, threads=threads,
+                                                        max_queue_delay_us=max_queue_delay_us,
+                                                        dynamic_batching=dynamic_batching))
         shutil.copyfile(_runtime_dir() / "triton_model.py", version / "model.py")
         shutil.copyfile(bundle, version / BUNDLE_FILE)
         if vendor_runtime:
@@ -133,7 +129,8 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return TritonExport(repo=repo, model_dir=final, config=final / "config.pbtxt",
-                        model_py=final / MODEL_VERSION / "model.py", bundle=final / MODEL_VERSION / BUNDLE_FILE)
+                        model_py=final / MODEL_VERSION / "model.py", bundle=final / MODEL_VERSION / BUNDLE_FILE,
+                        max_batch_size=batch.max_batch if batch else 0, batching=batch is not None and dynamic_batching)
 
 
 __all__ = ["export_triton", "render_config", "triton_type", "TritonExport", "TritonExportError"]

@@ -44,7 +44,7 @@ from .v2 import short
 
 logger = logging.getLogger("kserve.ascendc_pack")
 
-_VERSION_RE = re.compile(r"/v2/models/([^/]+)/versions/([^/]*)(/ready|/infer)?/?")
+_VERSION_RE = re.compile(r"/v2/models/([^/]+)/versions/([^/]*)(/ready|/infer|/config|/stats)?/?")
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 408: "Request Timeout", 413: "Content Too Large",
             415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 

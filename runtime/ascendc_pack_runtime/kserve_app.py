@@ -9,8 +9,15 @@ with the limits of :mod:`ascendc_pack_runtime.http_edge`. On that app:
   raw body and has the model decode it strictly (:mod:`ascendc_pack_runtime.v2_request`), so
   FastAPI's JSON parsing and pydantic's coercions (``"256"`` -> 256, ``true`` -> 1) never see
   a request. KServe's DataPlane still runs the model (``preprocess``/``predict``/``postprocess``).
+* ``GET /v2/models/<m>/stats`` answers inference and execution counts in the form of Triton's
+  statistics extension (``get_inference_statistics``).
+* ``GET /v2/models/<m>/config`` answers the model's configuration in Triton's JSON form
+  (:func:`ascendc_pack_runtime.triton_config.model_config`: what tritonclient's
+  ``get_model_config`` reads).
 * The other V2 routes (health, server and model metadata, model ready) and V1 are KServe's,
-  behind :class:`AscpackDataPlane` (model names checked, version ``1``, ``binary_tensor_data``).
+  behind :class:`AscpackDataPlane` (model names checked, version ``1``). ``GET /v2`` lists the
+  extensions this server serves: ``binary_tensor_data``, ``model_configuration`` and ``statistics``, not KServe's
+  ``model_repository_extension`` (the repository API is refused with 403, :mod:`.http_edge`).
 * Client errors are ``{"error": ...}`` logged in one line without a traceback; server errors
   keep KServe's handlers.
 
@@ -33,6 +40,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .http_edge import EdgeLimits, V2Middleware, log_refusal, protocol_factory
 from .v2 import short
 from .v2_request import IHCL
+
+
+SERVED_EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+"""The V2 / Triton protocol extensions this server answers (``GET /v2``)."""
 
 
 class _NotServed(ModelNotFound):
@@ -61,7 +72,7 @@ class AscpackDataPlane(DataPlane):
 
     def metadata(self) -> dict:
         d = super().metadata()
-        d["extensions"] = list(d.get("extensions", [])) + ["binary_tensor_data"]
+        d["extensions"] = list(SERVED_EXTENSIONS)   # not model_repository_extension: that API is 403 here
         return d
 
     async def ready(self) -> bool:
@@ -94,6 +105,25 @@ def infer_route(dataplane: AscpackDataPlane):
         return Response(body, media_type="application/octet-stream", headers={IHCL: length})
 
     return infer
+
+
+def config_route(dataplane: AscpackDataPlane):
+    """``GET /v2/models/{model_name}/config``: the model's configuration (Triton's JSON form)."""
+
+    async def config(model_name: str) -> Response:
+        model = dataplane.get_model_from_registry(model_name)
+        return JSONResponse(model.triton_config())
+
+    return config
+
+
+def stats_route(dataplane: AscpackDataPlane):
+    """``GET /v2/models/{model_name}/stats``: inference and execution counts (Triton's form)."""
+
+    async def stats(model_name: str) -> Response:
+        return JSONResponse(dataplane.get_model_from_registry(model_name).statistics())
+
+    return stats
 
 
 def _client_error(status: int):
@@ -145,6 +175,10 @@ class AscpackRESTServer(RESTServer):
         app = self.app
         app.add_api_route("/v2/models/{model_name}/infer", infer_route(self.dataplane), methods=["POST"],
                           response_model=None)
+        app.add_api_route("/v2/models/{model_name}/config", config_route(self.dataplane), methods=["GET"],
+                          response_model=None)
+        app.add_api_route("/v2/models/{model_name}/stats", stats_route(self.dataplane), methods=["GET"],
+                          response_model=None)
         self._add_middlewares(app)
         self._register_endpoints(app)  # KServe's routes; the infer route above comes first
         self._add_exception_handlers(app)
@@ -155,4 +189,4 @@ class AscpackRESTServer(RESTServer):
         app.add_middleware(V2Middleware, limits=self.limits)  # outermost: runs before anything else
 
 
-__all__ = ["AscpackDataPlane", "AscpackRESTServer", "infer_route"]
+__all__ = ["AscpackDataPlane", "AscpackRESTServer", "infer_route", "config_route", "stats_route", "SERVED_EXTENSIONS"]

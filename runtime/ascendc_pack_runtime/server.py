@@ -56,6 +56,11 @@ class ServeOptions:
     """Open connections; one more closes the connection that has been idle longest (no request in
     progress), so idle sockets cannot starve the server (:mod:`.http_edge`)."""
     max_header_bytes: int = 64 * 1024
+    batching: bool = True
+    """Batch concurrent requests when the bundle has a batch dim (:mod:`.batching`)."""
+    max_batch_delay_s: float = 0.002
+    """How long a request waits for others to batch with (requests that queue while every
+    instance is busy batch anyway)."""
 
     def __post_init__(self):
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -69,6 +74,8 @@ class ServeOptions:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if not self.max_batch_delay_s >= 0:
+            raise ValueError(f"max_batch_delay_s must be >= 0 seconds, got {self.max_batch_delay_s!r}")
 
 
 def default_max_body_bytes(input_bytes: int) -> int:
@@ -89,14 +96,28 @@ def _import_serving():
     return kserve_app, kserve_model
 
 
+def show_logs(access_log: bool) -> None:
+    """Make the server's own lines visible whatever the process's logging level: the start and
+    ready lines and refusals (``kserve.ascendc_pack``) and, with ``access_log``, one line per
+    request (``uvicorn.access``). A root handler is added only where there is none."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logger.setLevel(logging.INFO)
+    logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
 def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: str | None = None,
           runner_factory: Callable | None = None, platform: str | None = None,
-          cache_dir: str | Path | None = None) -> None:
+          cache_dir: str | Path | None = None, batch="bundle") -> None:
     """Serve ``bundle`` over V2 REST with KServe's ModelServer until SIGINT/SIGTERM.
 
     The bundle is verified and loaded first (errors raise before anything listens). The server
     then starts at once: ``/v2/health/live`` answers 200 while the ``workers`` instances load and
-    warm up, and ``/v2/health/ready`` and the model's ``ready`` turn 200 after that.
+    warm up, and ``/v2/health/ready`` and the model's ``ready`` turn 200 after that. It logs a
+    start line (address, model, instances, limits), a ready line and, unless
+    ``options.access_log`` is off, a line per request, at any logging level (:func:`show_logs`).
+    ``batch``: as :class:`~ascendc_pack_runtime.kserve_model.AscpackModel` takes it (``"bundle"``:
+    the bundle's batch dim, if any); ``options.batching`` False runs each request as its own call.
     """
     kserve_app, kserve_model = _import_serving()
     from kserve import ModelServer
@@ -105,9 +126,12 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
 
     from . import WAIT_POLICY
 
+    show_logs(options.access_log)
     threads = per_instance_threads(options.workers, options.threads)
     model = kserve_model.AscpackModel(bundle, name, workers=options.workers, runner_factory=runner_factory,
-                                      platform=platform, cache_dir=cache_dir, threads=threads)
+                                      platform=platform, cache_dir=cache_dir, threads=threads,
+                                      batch=batch, batching=options.batching,
+                                      max_batch_delay_s=options.max_batch_delay_s)
     limits = EdgeLimits(max_body_bytes=options.max_body_bytes or default_max_body_bytes(model.input_bytes),
                         header_timeout_s=options.header_timeout_s, body_timeout_s=options.body_timeout_s,
                         max_header_bytes=options.max_header_bytes, max_connections=options.max_connections)
@@ -119,6 +143,8 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
         access_log=options.access_log, timeout_keep_alive_s=options.keep_alive_s,
         limit_concurrency=options.limit_concurrency)
 
+    url = f"http://{options.host}:{options.port}"
+
     def load_in_background():
         try:
             model.load()
@@ -126,16 +152,24 @@ def serve(bundle: str | Path, options: ServeOptions = ServeOptions(), *, name: s
             logger.error("model %r failed to load: %s", model.name, e)
             sys.stderr.flush()
             os._exit(1)
+        logger.info("model %r ready (%d instance(s) loaded and warmed up in %.2f s): POST %s/v2/models/%s/infer",
+                    model.name, model.workers, model.load_seconds, url, model.name)
 
     server._rest_server = rest
     server.servers.append(rest.start())
     threading.Thread(target=load_in_background, name="ascpack-load", daemon=True).start()
     server.register_signal_handler()
-    logger.info("serving %s as %r on http://%s:%d (V2 REST, %d instance(s), %s, body limit %d bytes, "
-                "header/body timeouts %g/%g s, at most %d requests in progress and %d connections); %s", bundle,
-                model.name, options.host, options.port, options.workers,
+    if model.batching:
+        batching = f"batches up to {model.batch.max_batch} rows within {options.max_batch_delay_s * 1e3:g} ms"
+    elif model.batch is not None:
+        batching = f"batching off (requests of up to {model.batch.max_batch} rows, each its own call)"
+    else:
+        batching = "no batching (the bundle has static shapes)"
+    logger.info("serving %s as %r on %s (V2 REST, %d instance(s), %s, %s, body limit %d bytes, "
+                "header/body timeouts %g/%g s, at most %d requests in progress and %d connections); %s; loading",
+                bundle, model.name, url, options.workers,
                 f"at most {model.threads} thread(s) each" if model.threads else
-                "no thread cap" + (f" ({model.threads_note})" if model.threads_note else ""),
+                "no thread cap" + (f" ({model.threads_note})" if model.threads_note else ""), batching,
                 limits.max_body_bytes, limits.header_timeout_s, limits.body_timeout_s, options.limit_concurrency,
                 options.max_connections, WAIT_POLICY.describe())
     try:
@@ -162,12 +196,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--keep-alive", type=float, default=d.keep_alive_s)
     p.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency)
     p.add_argument("--max-connections", type=int, default=d.max_connections)
+    p.add_argument("--no-batching", action="store_true", help="never batch requests (bundles with a batch dim)")
+    p.add_argument("--max-batch-delay-ms", type=float, default=d.max_batch_delay_s * 1e3)
     a = p.parse_args(argv)
     options = ServeOptions(host=a.host, port=a.port, workers=a.workers, threads=a.threads, access_log=not a.no_access_log,
                            max_body_bytes=None if a.max_body_mb is None else int(a.max_body_mb * 2**20),
                            header_timeout_s=a.header_timeout, body_timeout_s=a.body_timeout,
                            keep_alive_s=a.keep_alive, limit_concurrency=a.limit_concurrency,
-                           max_connections=a.max_connections)
+                           max_connections=a.max_connections, batching=not a.no_batching,
+                           max_batch_delay_s=a.max_batch_delay_ms / 1e3)
     serve(a.bundle, options, name=a.name)
 
 
@@ -175,4 +212,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["ServeOptions", "serve", "main", "default_max_body_bytes"]
+__all__ = ["ServeOptions", "serve", "show_logs", "main", "default_max_body_bytes"]

@@ -90,19 +90,50 @@ def signature(specs: Sequence[TensorSpec]) -> str:
     return ", ".join(describe(s) for s in specs)
 
 
-def check_header(spec: TensorSpec, datatype: object, shape: object) -> None:
-    """The request's datatype and shape of input ``spec`` must be the model's, spelled exactly:
-    a V2 datatype name (``"FP32"``, not ``"fp32"``) and a list of JSON integers (not ``"256"``,
-    not ``true``)."""
+def check_datatype(spec: TensorSpec, datatype: object) -> None:
+    """The request's datatype of input ``spec`` must be the model's V2 datatype name, spelled
+    exactly (``"FP32"``, not ``"fp32"``)."""
     want = v2_datatype(spec)
     if datatype != want:
         hint = "" if datatype in ALL_V2_DATATYPES else \
             f", which is not a V2 datatype (they are {', '.join(ALL_V2_DATATYPES)}, spelled so)"
         raise RequestError(f"input {spec.name!r} has datatype {short(datatype)}{hint}; expected {want!r}")
-    if not isinstance(shape, (list, tuple)) or any(type(d) is not int for d in shape) \
-            or list(shape) != list(spec.shape):
+
+
+def _int_dims(shape: object) -> bool:
+    return isinstance(shape, (list, tuple)) and all(type(d) is int for d in shape)
+
+
+def check_header(spec: TensorSpec, datatype: object, shape: object) -> None:
+    """The request's datatype and shape of input ``spec`` must be the model's, spelled exactly:
+    a V2 datatype name and a list of JSON integers (not ``"256"``, not ``true``)."""
+    check_datatype(spec, datatype)
+    if not _int_dims(shape) or list(shape) != list(spec.shape):
         raise RequestError(f"input {spec.name!r} has shape {short(shape)}, expected {list(spec.shape)} "
                            "(a list of integers; the bundle was built for static shapes)")
+
+
+def check_batched_header(spec: TensorSpec, item_shape: Sequence[int], max_rows: int, datatype: object,
+                         shape: object) -> TensorSpec:
+    """Like :func:`check_header` for an input that batches along dim 0: the shape is ``[rows,
+    *item_shape]`` with 1 <= rows <= ``max_rows`` (an item dim of -1 takes any size >= 1);
+    returns ``spec`` with the request's shape."""
+    check_datatype(spec, datatype)
+    want = "[rows, " + ", ".join("*" if d < 0 else str(d) for d in item_shape) + "]" if item_shape else "[rows]"
+    if not _int_dims(shape) or len(shape) != 1 + len(item_shape) or not 1 <= shape[0] <= max_rows or any(
+            (d < 1) if w < 0 else (d != w) for w, d in zip(item_shape, shape[1:])):
+        raise RequestError(f"input {spec.name!r} has shape {short(shape)}, expected {want} with 1 <= rows <= "
+                           f"{max_rows} (a list of integers)")
+    return TensorSpec(spec.name, tuple(shape), spec.dtype)
+
+
+def metadata_of(specs: Sequence[TensorSpec], item_shapes: Sequence[Sequence[int]] | None = None) -> list[dict]:
+    """Model metadata entries; with ``item_shapes`` (a batching model) each shape is ``[-1, *item]``
+    (V2 writes a variable dim as -1)."""
+    if item_shapes is None:
+        return metadata(specs)
+    return [{"name": s.name, "datatype": v2_datatype(s), "shape": [-1, *[int(d) for d in item]]}
+            for s, item in zip(specs, item_shapes)]
 
 
 def tensor_from_bytes(spec: TensorSpec, raw) -> torch.Tensor:
@@ -164,12 +195,19 @@ def tensor_from_json(spec: TensorSpec, data: object) -> torch.Tensor:
         raise RequestError(f"input {spec.name!r} ({dt}): 'data' holds {type(bad).__name__} values such as "
                            f"{short(bad)}; expected {want}")
     np_dtype = NUMPY_DTYPES.get(dt, np.dtype(np.float32))
+    info = np.iinfo(np_dtype) if np_dtype.kind in "iu" else None
+    rng = f" ({info.min}..{info.max})" if info is not None else ""
     try:
         with np.errstate(over="ignore"):
-            arr = np.array(flat, dtype=np_dtype)
+            if info is None:
+                arr = np.array(flat, dtype=np_dtype)
+            else:   # range-checked here: numpy 1.x wraps an out-of-range Python int silently
+                wide = np.array(flat, dtype=np.int64)
+                if wide.size and (int(wide.min()) < info.min or int(wide.max()) > info.max):
+                    bad = int(wide[(wide < info.min) | (wide > info.max)][0])
+                    raise OverflowError(f"{bad} does not fit")
+                arr = wide.astype(np_dtype)
     except (OverflowError, ValueError) as e:
-        info = np.iinfo(np_dtype) if np_dtype.kind in "iu" else None
-        rng = f" ({info.min}..{info.max})" if info is not None else ""
         raise RequestError(f"input {spec.name!r}: a value in 'data' is out of range for {dt}{rng} ({e})") from None
     if np_dtype.kind == "f" and np_dtype != np.float64 and np.isinf(arr).any():
         wide = np.array(flat, dtype=np.float64)
@@ -200,5 +238,6 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 __all__ = ["V2_DATATYPES", "TORCH_DTYPES", "ALL_V2_DATATYPES", "RequestError", "UnservableBundleError",
-           "v2_datatype", "metadata", "describe", "signature", "check_header", "tensor_from_bytes",
+           "v2_datatype", "metadata", "metadata_of", "describe", "signature", "check_datatype", "check_header",
+           "check_batched_header", "tensor_from_bytes",
            "tensor_from_json", "tensor_bytes", "tensor_json", "all_finite", "short"]

@@ -30,6 +30,7 @@ import orjson
 import torch
 
 from . import v2
+from .batching import BatchError, BatchSpec
 from .model import TensorSpec
 from .v2 import RequestError, short
 
@@ -49,6 +50,9 @@ class Signature:
     model: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    batch: BatchSpec | None = None
+    """How the model batches (:func:`ascendc_pack_runtime.batching.batch_spec`): requests carry
+    ``[rows, *item]`` per input; None: the static shapes exactly."""
     input_index: dict[str, int] = field(init=False)
     output_index: dict[str, int] = field(init=False)
     output_datatypes: tuple[str, ...] = field(init=False)
@@ -61,7 +65,10 @@ class Signature:
         object.__setattr__(self, "input_index", {s.name: i for i, s in enumerate(self.inputs)})
         object.__setattr__(self, "output_index", {s.name: i for i, s in enumerate(self.outputs)})
         object.__setattr__(self, "output_datatypes", tuple(v2.v2_datatype(s) for s in self.outputs))
-        numel = sum(prod(s.shape) for s in self.inputs)
+        if self.batch is None:
+            numel = sum(prod(s.shape) for s in self.inputs)
+        else:   # the largest batch; an item dim of any size counts 1 (the body size limit bounds it)
+            numel = sum(self.batch.max_batch * prod(max(d, 1) for d in b.item_shape) for b in self.batch.inputs)
         object.__setattr__(self, "max_values", numel + 1024 + 64 * (len(self.inputs) + len(self.outputs)))
 
 
@@ -203,7 +210,11 @@ def decode_fields(sig: Signature, req: object, body: memoryview = memoryview(b""
         spec = sig.inputs[i]
         if "datatype" not in d or "shape" not in d:
             raise RequestError(f"{where} ({name!r}) needs 'datatype' and 'shape'; expected {v2.describe(spec)}")
-        v2.check_header(spec, d["datatype"], d["shape"])
+        if sig.batch is None:
+            v2.check_header(spec, d["datatype"], d["shape"])
+        else:   # this request's shape, checked against [rows, *item]
+            spec = v2.check_batched_header(spec, sig.batch.inputs[i].item_shape, sig.batch.max_batch, d["datatype"],
+                                           d["shape"])
         p = _object(d.get("parameters"), f"{where} ({name!r}).parameters")
         if "binary_data_size" in p:
             size, want = p["binary_data_size"], prod(spec.shape) * spec.dtype.itemsize
@@ -218,10 +229,10 @@ def decode_fields(sig: Signature, req: object, body: memoryview = memoryview(b""
             if offset + size > len(body):
                 raise RequestError(f"{where} ({name!r}) declares {size} bytes of binary data but only "
                                    f"{len(body) - offset} bytes follow")
-            given[i] = ("binary", body[offset:offset + size])
+            given[i] = ("binary", body[offset:offset + size], spec)
             offset += size
         elif "data" in d:
-            given[i] = ("json", d["data"])
+            given[i] = ("json", d["data"], spec)
         else:
             raise RequestError(f"{where} ({name!r}) has neither 'data' nor parameters.binary_data_size")
     if offset != len(body):
@@ -233,7 +244,12 @@ def decode_fields(sig: Signature, req: object, body: memoryview = memoryview(b""
                            f"{v2.signature(sig.inputs)}")
     wanted = requested_outputs(sig, req.get("outputs"), params)
     tensors = tuple(v2.tensor_from_bytes(spec, value) if kind == "binary" else v2.tensor_from_json(spec, value)
-                    for spec, (kind, value) in zip(sig.inputs, given))
+                    for kind, value, spec in given)
+    if sig.batch is not None:
+        try:
+            sig.batch.rows(tensors)   # one number of rows for every input
+        except BatchError as e:
+            raise RequestError(str(e)) from None
     return DecodedRequest(rid, tensors, wanted)
 
 
