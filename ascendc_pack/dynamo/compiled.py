@@ -64,7 +64,7 @@ class Specialization:
 
     def current(self, args) -> bool:
         """Whether ``args`` carry the weights this specialization was made from, unchanged."""
-        return all(a is w and a._version == v for a, w, v in zip(args, self.weights, self.versions))
+        return all(a is w and version(a) == v for a, w, v in zip(args, self.weights, self.versions))
 
 
 class CompiledGraph:
@@ -148,7 +148,7 @@ class CompiledGraph:
         except Exception as exc:  # noqa: BLE001 - an unsupported graph runs eagerly, never breaks the model
             self.fall_back(_reason(exc))
             return None
-        spec = Specialization(module, weights, [w._version for w in weights], prep.tactics_profiled,
+        spec = Specialization(module, weights, [version(w) for w in weights], prep.tactics_profiled,
                               counts=module.compile_counts)
         self._specs[self._key(args)] = spec
         return spec
@@ -175,6 +175,15 @@ class CompiledGraph:
                            kernels_profiled=sum(s.module.kernels_profiled for s in specs),
                            tactics_profiled=sum(s.tactics_profiled for s in specs),
                            fallbacks=int(self.fallback is not None))
+
+
+def version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (None for an inference tensor, which has none: it can only be
+    changed inside inference mode, where no version is kept)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _reason(exc: Exception) -> str:
