@@ -13,6 +13,7 @@ have no backward.
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 
 import torch
@@ -98,13 +99,22 @@ def _unsupported(inputs, example_inputs) -> str | None:
 
 
 def _label(gm: torch.fx.GraphModule) -> str:
-    from torch._guards import CompileContext, TracingContext
+    """``graph <dynamo's compile id> (<function> at <file>:<line>)``, the place from the first
+    node that records where the user's code created it."""
+    from torch._guards import CompileContext
 
     cid = CompileContext.current_compile_id()
-    ctx = TracingContext.try_get()
-    loc = getattr(ctx, "loc_in_frame", None) if ctx is not None else None
-    where = f" ({loc[2]} at {loc[0].rsplit('/', 1)[-1]}:{loc[1]})" if loc else ""
+    where = ""
+    for node in gm.graph.nodes:
+        frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+        if frames:
+            file, line, fn = frames[-1]
+            where = f" ({fn} at {file.rsplit('/', 1)[-1]}:{line})"
+            break
     return f"graph {cid if cid is not None else '?'}{where}"
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 def _follow_torch_logs() -> None:
