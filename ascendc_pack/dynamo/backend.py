@@ -45,7 +45,7 @@ class _AscendcPackBackend:
         _follow_torch_logs()
         label = _label(gm)
         graph = CompiledGraph(gm, classify(gm, example_inputs), config, label, self.protocol)
-        self._graphs.append(weakref.ref(graph))
+        self._graphs = [r for r in self._graphs if r() is not None] + [weakref.ref(graph)]
         why = _unsupported(graph.inputs, example_inputs)
         if why is not None:
             graph.fall_back(why)
