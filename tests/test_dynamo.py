@@ -82,7 +82,19 @@ def test_graph_break_two_graphs_match_eager(cache, compiled, fast):
         close(f(x), want)  # tuned kernels now
     counts = fast.counts()
     assert counts.graphs == 2 and counts.fallbacks == 0 and counts.specializations == 2
-    assert all(g.fallback is None and all(s.checked for s in g._specs.values()) for g in fast.graphs())
+    specs = [s for g in fast.graphs() for s in g._specs.values()]
+    assert all(s.checked and s.graph is not None and s.run is s.graph for s in specs)  # C++ graphs now
+
+
+def test_graph_false_keeps_python_mode(cache, fast):
+    m = Block(graph_break=False).eval()
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        f = torch.compile(m, backend=fast, options={"cache_dir": str(cache), "graph": False})
+        close(f(x), m(x))
+        close(f(x), m(x))
+    (spec,) = [s for g in fast.graphs() for s in g._specs.values()]
+    assert spec.checked and spec.graph is None and spec.run is spec.module
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -176,6 +188,8 @@ def test_modes_and_options_resolve_like_the_cli(tmp_path):
         resolve_config("fastest", None, env=env)
     with pytest.raises(ConfigError, match="must be >= 1"):
         resolve_config(None, {"topn": 0}, env=env)
+    with pytest.raises(ConfigError, match="graph must be True or False, got 'no'"):
+        resolve_config(None, {"graph": "no"}, env=env)
 
 
 def test_a_bad_option_is_an_error_naming_it():

@@ -1,6 +1,7 @@
 """torch.compile(backend="ascendc_pack") on every example model (docs/DESIGN.md §2.10): one
-compiled graph each, no fallback, outputs (and in-place input updates) equal to eager's on the
-example and calibration inputs (both sides of ``cond_model``'s ``torch.cond``)."""
+compiled graph each, no fallback, running its C++ graph after the first call, outputs (and
+in-place input updates) equal to eager's on the example and calibration inputs (both sides of
+``cond_model``'s ``torch.cond``)."""
 
 from __future__ import annotations
 
@@ -30,4 +31,5 @@ def test_example_under_torch_compile_matches_eager(name, tmp_path_factory):
     assert [c.problem for c in checks] == [None] * len(checks)
     counts = backend.counts()
     assert counts.graphs == 1 and counts.fallbacks == 0 and counts.kernels_compiled + counts.cache_hits > 0
+    assert all(s.graph is not None for g in backend.graphs() for s in g._specs.values())  # runs its C++ graph
     torch._dynamo.reset()

@@ -20,7 +20,7 @@ import torch
 
 from ascendc_pack.dynamo.compiled import CompiledGraph, EagerFallbackWarning, GraphCounts
 from ascendc_pack.dynamo.graph import classify
-from ascendc_pack.dynamo.options import resolve_config
+from ascendc_pack.dynamo.options import graph_mode, resolve_config
 
 log = logging.getLogger("ascendc_pack")
 
@@ -44,7 +44,7 @@ class _AscendcPackBackend:
         config = resolve_config(mode, options)  # a bad setting is the user's error: raised, with the fix
         _follow_torch_logs()
         label = _label(gm)
-        graph = CompiledGraph(gm, classify(gm, example_inputs), config, label, self.protocol)
+        graph = CompiledGraph(gm, classify(gm, example_inputs), config, label, self.protocol, graph_mode(options))
         self._graphs = [r for r in self._graphs if r() is not None] + [weakref.ref(graph)]
         why = _unsupported(graph.inputs, example_inputs)
         if why is not None:

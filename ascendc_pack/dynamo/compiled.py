@@ -57,22 +57,33 @@ class Specialization:
 
     module: object                 # the PythonModeModule
     weights: list                  # the weight tensors it was made from, by identity
-    versions: list[int]            # and their version counters then
+    versions: list[int | None]     # and their version counters then
+    prepared: object = None        # the pipeline.Prepared it was made from
     tactics_profiled: int = 0
     checked: bool = False          # its first call was compared with eager
     counts: CompileCounts = field(default_factory=CompileCounts)
+    graph: object = None           # after the first call: the runtime Model of its C++ graph (graph mode)
+
+    @property
+    def run(self):
+        """What runs a call: the C++ graph, or the Python-mode module."""
+        return self.graph if self.graph is not None else self.module
 
     def current(self, args) -> bool:
         """Whether ``args`` carry the weights this specialization was made from, unchanged."""
-        return all(a is w and version(a) == v for a, w, v in zip(args, self.weights, self.versions))
+        for a, w, v in zip(args, self.weights, self.versions):  # a plain loop: this runs on every call
+            if a is not w or (v is not None and a._version != v):
+                return False
+        return True
 
 
 class CompiledGraph:
     """Dynamo's compiled function for one FX graph: ``__call__(*args)`` with dynamo's flat inputs."""
 
     def __init__(self, gm: torch.fx.GraphModule, inputs: GraphInputs, config: BuildConfig, label: str,
-                 protocol=None):
+                 protocol=None, graph: bool = True):
         self.gm = gm
+        self.graph = graph
         self.inputs = inputs
         self.config = config
         self.label = label
@@ -97,7 +108,7 @@ class CompiledGraph:
         tensors = [args[i] for i in self.inputs.tensors]
         if not spec.checked:
             return self._first_call(spec, args, tensors)
-        return spec.module(*tensors)
+        return spec.run(*tensors)
 
     def _key(self, args) -> tuple:
         if self._static:
@@ -106,21 +117,28 @@ class CompiledGraph:
                 tuple((tuple(args[i].shape), args[i].stride(), args[i].dtype) for i in self.inputs.tensors))
 
     def _first_call(self, spec: Specialization, args, tensors):
-        """Tune (PGO on these arguments), compare with eager; on a mismatch run eagerly from now on."""
-        from ascendc_pack.frontend.check import check_against_eager
-
+        """Tune (PGO on these arguments) and compare with eager; on a mismatch run eagerly from now
+        on. In graph mode, then build the C++ graph, compare it too, and run it from now on."""
         model = self._model(args)
-        try:
-            with torch.inference_mode(False):
-                (check,) = check_against_eager(model, [tuple(tensors)], spec.module)
-            problem = check.problem
-        except Exception as exc:  # noqa: BLE001 - a failing first run falls back, never breaks the model
-            problem = f"the compiled graph failed on its first call: {type(exc).__name__}: {exc}"
+        problem = _differs(model, tensors, spec.module, "the compiled graph")
         if problem is not None:
-            self.fall_back(f"its outputs do not match eager ({problem})")
+            self.fall_back(problem)
             return self.gm(*args)
+        if self.graph:
+            from ascendc_pack.dynamo.graph_mode import load_graph
+
+            try:
+                with torch.inference_mode(False):
+                    runner = load_graph(spec.prepared, spec.module, self.config)
+                problem = _differs(model, tensors, runner, "its C++ graph")
+            except Exception as exc:  # noqa: BLE001 - Python mode still runs the tuned kernels
+                runner, problem = None, f"{type(exc).__name__}: {exc}"
+            if problem is None:
+                spec.graph = runner
+            else:
+                log.warning("%s: stays in Python mode: %s", self.label, str(problem).splitlines()[0])
         spec.checked = True
-        return spec.module(*tensors)
+        return spec.run(*tensors)
 
     # compiling ----------------------------------------------------------------------------------
     def _model(self, args) -> GraphModel:
@@ -148,7 +166,7 @@ class CompiledGraph:
         except Exception as exc:  # noqa: BLE001 - an unsupported graph runs eagerly, never breaks the model
             self.fall_back(_reason(exc))
             return None
-        spec = Specialization(module, weights, [version(w) for w in weights], prep.tactics_profiled,
+        spec = Specialization(module, weights, [version(w) for w in weights], prep, prep.tactics_profiled,
                               counts=module.compile_counts)
         self._specs[self._key(args)] = spec
         return spec
@@ -164,6 +182,9 @@ class CompiledGraph:
         """Stop the verification workers of every specialization (a later call still runs)."""
         for spec in self._specs.values():
             spec.module.close()
+            if spec.graph is not None:
+                spec.graph.close()
+                spec.graph = None
 
     # counts -------------------------------------------------------------------------------------
     def counts(self) -> GraphCounts:
@@ -175,6 +196,18 @@ class CompiledGraph:
                            kernels_profiled=sum(s.module.kernels_profiled for s in specs),
                            tactics_profiled=sum(s.tactics_profiled for s in specs),
                            fallbacks=int(self.fallback is not None))
+
+
+def _differs(model, tensors, run, what: str) -> str | None:
+    """None when ``run`` matches eager ``model`` on ``tensors`` (the accuracy rule), else why."""
+    from ascendc_pack.frontend.check import check_against_eager
+
+    try:
+        with torch.inference_mode(False):
+            (check,) = check_against_eager(model, [tuple(tensors)], run)
+    except Exception as exc:  # noqa: BLE001 - a failing first run falls back, never breaks the model
+        return f"{what} failed on its first call: {type(exc).__name__}: {exc}"
+    return None if check.problem is None else f"the outputs of {what} do not match eager ({check.problem})"
 
 
 def version(t: torch.Tensor) -> int | None:

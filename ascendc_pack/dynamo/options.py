@@ -18,8 +18,10 @@ from typing import Any, Mapping
 from ascendc_pack.config import ENV_TOPN, BuildConfig
 from ascendc_pack.errors import ConfigError
 
-OPTIONS = ("topn", "cores", "cache_dir", "backend", "jobs", "debug", "march")
-"""The keys ``options={...}`` accepts (the ``ascendc-pack build`` options)."""
+OPTIONS = ("topn", "cores", "cache_dir", "backend", "jobs", "debug", "march", "graph")
+"""The keys ``options={...}`` accepts: the ``ascendc-pack build`` options, and ``graph`` (default
+True: after its first call a graph runs through the C++ graph, as a bundle does; False keeps
+Python mode, one Python dispatch per step)."""
 
 MAX_AUTOTUNE_TOPN = 4
 """Candidates per kernel under ``mode="max-autotune"`` (the README's recommended ``--topn``)."""
@@ -34,7 +36,7 @@ MODES: dict[str, int | None] = {
 def resolve_config(mode: str | None = None, options: Mapping[str, Any] | None = None,
                    env: Mapping[str, str] = os.environ) -> BuildConfig:
     """The build settings of one ``torch.compile`` call; raises ConfigError naming a bad mode,
-    an unknown option or a bad value, and the fix."""
+    an unknown option or a bad value, and the fix (``graph`` is read by :func:`graph_mode`)."""
     options = dict(options or {})
     unknown = sorted(k for k in options if k not in OPTIONS)
     if unknown:
@@ -44,7 +46,16 @@ def resolve_config(mode: str | None = None, options: Mapping[str, Any] | None = 
     if mode is not None and mode not in MODES:
         raise ConfigError(f"torch.compile(backend='ascendc_pack', mode={mode!r}): unknown mode; use one of "
                           f"{', '.join(MODES)}")
+    graph = options.pop("graph", True)
+    if not isinstance(graph, bool):
+        raise ConfigError(f"torch.compile(backend='ascendc_pack', options=...): graph must be True or False, "
+                          f"got {graph!r}")
     topn = options.pop("topn", None)
     if topn is None and mode is not None and MODES[mode] is not None and not (env.get(ENV_TOPN) or "").strip():
         topn = MODES[mode]
     return BuildConfig.resolve(topn=topn, env=env, **options)
+
+
+def graph_mode(options: Mapping[str, Any] | None) -> bool:
+    """The ``graph`` option (checked by :func:`resolve_config`)."""
+    return bool((options or {}).get("graph", True))
