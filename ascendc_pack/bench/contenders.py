@@ -8,8 +8,9 @@ eager              the model file's module, ``torch.no_grad``
 compile            ``torch.compile(module)`` (Inductor, default mode); its build is the first call
 compile_freeze     ``torch.compile(module, options={"freezing": True})``: weights constant-folded
 compile_ascendc    ``torch.compile(module, backend="ascendc_pack", options={"topn": N})``: our pipeline
-                   behind dynamo, Python mode (docs/DESIGN.md §2.10), its own empty cache; its build is
-                   the first call (compile + PGO); not a peer of the bundles (it is the same kernels)
+                   behind dynamo (docs/DESIGN.md §2.10; its C++ graph after the first call), its own
+                   empty cache; its build is the first call (compile + PGO + graph); not a peer of the
+                   bundles (the same kernels: its ratio is what dynamo and the call path cost)
 aoti               ``torch.export`` -> ``aoti_compile_and_package`` -> ``.pt2`` -> ``aoti_load_package``
 ort                ``torch.onnx.export(dynamo=True)`` -> ONNX Runtime CPU, intra-op threads = usable
                    cores, ``session.intra_op.allow_spinning=0`` (and inter-op)

@@ -1,4 +1,4 @@
-"""One dynamo graph compiled by the pipeline, run in Python mode (docs/DESIGN.md §2.10).
+"""One dynamo graph compiled by the pipeline (docs/DESIGN.md §2.10).
 
 A :class:`CompiledGraph` is what the backend returns to dynamo. It holds one
 :class:`Specialization` per set of static shapes: a static graph has one, made when dynamo
@@ -7,7 +7,7 @@ arguments -, fuse, kernels compiled); a graph with dynamic shapes makes one on t
 with each new set of sizes (the jit path), as Inductor recompiles for a new static shape. The
 fused kernels tune on their first call (:class:`~ascendc_pack.tune.python_mode.PythonModeModule`),
 after which that first call's outputs are checked against eager: a mismatch makes the graph run
-eagerly. Weights are read when a specialization is made; a call whose parameters are other
+eagerly. In graph mode the specialization then runs its C++ graph (:mod:`.graph_mode`). Weights are read when a specialization is made; a call whose parameters are other
 tensors (another instance of the same class) or were changed in place (their version counter
 moved) makes a new one. Writes through ``.data`` are not seen, as with Inductor's freezing.
 """
