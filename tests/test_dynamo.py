@@ -260,3 +260,4 @@ def test_a_second_process_compiles_and_profiles_nothing(tmp_path):
     assert second["hits"] == first["compiled"] + first["hits"]
     assert _libraries(cache) == libraries
     assert "graph 0/0" in log2 and "Autotune completed" not in log2 and "cached choice" in log2
+    assert "capture: reused" in log2  # the FX graph's capture_state() keys the capture cache
