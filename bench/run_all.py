@@ -36,9 +36,9 @@ from ascendc_pack.errors import PackError  # noqa: E402
 
 MODELS = {**{name: ROOT / "examples" / f"{name}.py" for name in bench.EXAMPLES},
           **{p.stem: p for p in sorted((ROOT / "bench" / "models").glob("*.py")) if not p.stem.startswith("_")}}
-CHART_ORDER = ("eager", "compile", "compile_freeze", "aoti", "ort", "bundle1")
+CHART_ORDER = ("eager", "compile", "compile_freeze", "aoti", "ort", "bundle1", "compile_ascendc")
 COLORS = {"eager": "#7f7f7f", "compile": "#1f77b4", "compile_freeze": "#17becf", "aoti": "#ff7f0e",
-          "ort": "#2ca02c", "bundle1": "#9467bd"}
+          "ort": "#2ca02c", "bundle1": "#9467bd", "compile_ascendc": "#d62728"}
 
 
 def git_state() -> str:

@@ -95,6 +95,9 @@ class Server:
     eager: Path | None = None
     extra: list[str] = field(default_factory=list)
     ready_timeout: float = 120.0
+    command: list[str] | None = None
+    """What runs the server before the bundle argument (default: this Python's ``ascendc-pack serve``)."""
+    cwd: Path = ROOT
     port: int = 0
     proc: subprocess.Popen | None = None
     script: str | None = None
@@ -107,7 +110,8 @@ class Server:
 
     def start(self) -> Server:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "ascendc_pack", "serve", str(self.bundle), "--host", "127.0.0.1",
+        prefix = self.command or [sys.executable, "-m", "ascendc_pack", "serve"]
+        cmd = [*prefix, str(self.bundle), "--host", "127.0.0.1",
                "--port", str(self.port), "--workers", str(self.workers), "--no-access-log", *self.extra]
         if self.name:
             cmd += ["--name", self.name]
@@ -117,7 +121,7 @@ class Server:
             cmd = [sys.executable, "-c", f"PORT = {self.port}\n{self.script}"]
         env = dict(os.environ, ASCENDC_PACK_RUNTIME_CACHE=str(self.cache_dir), PYTHONUNBUFFERED="1")
         self._log_file = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=self.cwd, env=env)
         self.wait_ready()
         return self
 

@@ -276,7 +276,7 @@ def test_missing_package_names_it_and_the_install_command(monkeypatch, write_mod
         bench.bench_model(write_model(TINY), contenders=["eager", "ort"], log=lambda _: None)
     msg = str(err.value)
     assert "`onnxscript`" in msg and "pip install 'ascendc-pack[bench]'" in msg
-    assert "--contenders eager,compile,compile_freeze,aoti,bundle1,bundleN" in msg
+    assert "--contenders eager,compile,compile_freeze,compile_ascendc,aoti,bundle1,bundleN" in msg
     result = CliRunner().invoke(main, ["bench", str(write_model(TINY))])
     assert result.exit_code == 1 and "pip install 'ascendc-pack[bench]'" in result.output
     assert "No module named" not in result.output
@@ -368,6 +368,16 @@ def test_compile_freezing_and_aoti_built_timed_and_cold_started(write_model):
     assert c["size"] > 0 and c["build_s"] > 0 and set(r["cold_start"]) == {"pt2"}
     entry = r["cold_start"]["pt2"]
     assert "error" not in entry and len(entry["runs"]) == 1 and entry["median_total_s"] > 0
+
+
+@pytest.mark.slow
+def test_torch_compile_with_our_backend_is_a_contender_but_not_a_peer(write_model):
+    r = bench.bench_model(write_model(TINY), contenders=["eager", "compile_ascendc", "bundleN"], topn=2, repeat=1,
+                          idle_bursts=1, cold_runs=1, sample_ms=1, log=lambda _: None)
+    c = _ok(r, "compile_ascendc")
+    assert c["label"] == "torch.compile ascendc_pack --topn 2" and c["check"] == "ok" and c["build_s"] > 0
+    assert "compile_ascendc" not in bench.PEERS and r["best_peer"]["bundleN"]["peer"] == "eager"
+    assert r["ratios"]["bundleN"]["compile_ascendc"]["median"] > 0  # bundle ÷ Python mode, paired by round
 
 
 @pytest.mark.slow

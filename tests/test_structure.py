@@ -153,7 +153,7 @@ def test_the_cycle_finder_finds_function_level_cycles(tmp_path):
 LAYERS = [
     ("errors",), ("cache", "progress"), ("ir",), ("config",), ("toolchain",), ("frontend",), ("passes",),
     ("kernels",), ("autotune",), ("backends",), ("tactics",), ("tune",), ("graph",), ("package",),
-    ("pipeline",), ("cli",), ("bench",),
+    ("pipeline",), ("dynamo",), ("cli",), ("bench",),
 ]
 """The compiler's units (a package of ``ascendc_pack``, or a module at its top) bottom-up: a unit
 may import its own modules and those of units in lower layers only. docs/DESIGN.md §1.2 has the
@@ -214,6 +214,8 @@ GLOBAL_STATE = {
     "ascendc_pack.tactics.families.registry._registered": "families registered at run time",
     "ascendc_pack.autotune.protocol.contention_clock": "schedstat files kept open between samples",
     "ascendc_pack.autotune.timing_pool._keep": "the timing pool's library stays loaded",
+    "ascendc_pack.dynamo.backend.backend": "the torch.compile backend: its live graphs, for counts and "
+                                           "torch._dynamo.reset()",
 }
 """Every piece of process-global mutable state in the compiler, with its reason (docs/DESIGN.md
 §1.2 lists the same)."""

@@ -7,6 +7,10 @@ id                 what runs
 eager              the model file's module, ``torch.no_grad``
 compile            ``torch.compile(module)`` (Inductor, default mode); its build is the first call
 compile_freeze     ``torch.compile(module, options={"freezing": True})``: weights constant-folded
+compile_ascendc    ``torch.compile(module, backend="ascendc_pack", options={"topn": N})``: our pipeline
+                   behind dynamo (docs/DESIGN.md §2.10; its C++ graph after the first call), its own
+                   empty cache; its build is the first call (compile + PGO + graph); not a peer of the
+                   bundles (the same kernels: its ratio is what dynamo and the call path cost)
 aoti               ``torch.export`` -> ``aoti_compile_and_package`` -> ``.pt2`` -> ``aoti_load_package``
 ort                ``torch.onnx.export(dynamo=True)`` -> ONNX Runtime CPU, intra-op threads = usable
                    cores, ``session.intra_op.allow_spinning=0`` (and inter-op)
@@ -36,12 +40,14 @@ class Kind:
     label: str
     artifact: str | None
     bundle: bool = False
+    peer: bool = True
 
 
 CONTENDERS = (
     Kind("eager", "eager", None),
     Kind("compile", "torch.compile", None),
     Kind("compile_freeze", "torch.compile freezing", None),
+    Kind("compile_ascendc", "torch.compile ascendc_pack --topn {n}", None, peer=False),
     Kind("aoti", "AOTInductor (.pt2)", "aoti"),
     Kind("ort", "ONNX Runtime (no spin)", "onnx"),
     Kind("bundle1", ".ascpack --topn 1", "bundle1", bundle=True),
@@ -51,7 +57,7 @@ BY_ID = {k.cid: k for k in CONTENDERS}
 #: contender ids in report order
 MODEL_CONTENDERS = tuple(BY_ID)
 #: the contenders a bundle is compared with (bundle ÷ best peer)
-PEERS = tuple(k.cid for k in CONTENDERS if not k.bundle)
+PEERS = tuple(k.cid for k in CONTENDERS if not k.bundle and k.peer)
 BUNDLES = tuple(k.cid for k in CONTENDERS if k.bundle)
 
 
@@ -184,13 +190,14 @@ class Contender:
         self.fn = None
 
     def setup(self, cid: str, model_file: str, data: str, artifact: str | None = None,
-              warmup_s: float = 0.2) -> dict:
+              warmup_s: float = 0.2, options: dict | None = None) -> dict:
         """Load the contender, run it once on a fresh copy of the inputs (timed, compared with
-        eager), warm it up and estimate microseconds per call. Runs with grad mode off."""
+        eager), warm it up and estimate microseconds per call. Runs with grad mode off.
+        ``options``: the ``torch.compile`` options of ``compile_ascendc``."""
         saved = torch.load(data, weights_only=True)
         inputs, expected = saved["inputs"], saved["expected"]
         t0 = time.perf_counter()
-        make = self._make(cid, model_file, artifact, inputs)
+        make = self._make(cid, model_file, artifact, inputs, options)
         load_s = time.perf_counter() - t0
         check_ins = [t.clone() for t in inputs]
         check_fn = make(check_ins)
@@ -211,14 +218,16 @@ class Contender:
                 "est_us": statistics.median(times), "threads": torch.get_num_threads()}
 
     @staticmethod
-    def _make(cid: str, model_file: str, artifact: str | None, inputs: list):
+    def _make(cid: str, model_file: str, artifact: str | None, inputs: list, options: dict | None = None):
         """A function that binds the loaded contender to one set of input tensors."""
         from ascendc_pack.frontend.loader import load_model_file
 
-        if cid in ("eager", "compile", "compile_freeze"):
+        if cid in ("eager", "compile", "compile_freeze", "compile_ascendc"):
             module = load_model_file(model_file).module
             if cid == "compile":
                 module = torch.compile(module)
+            elif cid == "compile_ascendc":  # by name, as a user would: the entry point finds it
+                module = torch.compile(module, backend="ascendc_pack", options=options)
             elif cid == "compile_freeze":
                 # torch._inductor.config.freezing for this compiled module only (no global change)
                 module = torch.compile(module, options={"freezing": True})

@@ -209,15 +209,18 @@ def _setup_all(run: _Run, data: Path) -> dict:
     for cid in run.ok():
         run.log(f"  loading {run.res[cid]['label']} ...")
         worker = run.process(cid, "run")
-        reply = run.ask(worker, {"cmd": "setup", "args": {"cid": cid, "model_file": str(run.model_file),
-                                                          "data": str(data), "artifact": run.res[cid].get("artifact")}})
+        args = {"cid": cid, "model_file": str(run.model_file), "data": str(data),
+                "artifact": run.res[cid].get("artifact")}
+        if cid == "compile_ascendc":  # a cold cache of its own, the tuned bundle's topn
+            args["options"] = {"topn": run.topn, "cache_dir": str(run.work / cid / "cache")}
+        reply = run.ask(worker, {"cmd": "setup", "args": args})
         if not reply.get("ok"):
             worker.close()
             run.fail(cid, f"load/run: {reply.get('error')}")
             continue
         reply.pop("ok")
         run.res[cid].update(reply)
-        if cid in ("compile", "compile_freeze"):
+        if cid in ("compile", "compile_freeze", "compile_ascendc"):
             run.res[cid]["build_s"] = reply["first_call_s"]  # compiles on the first call
         if reply["check"] != "ok":
             worker.close()

@@ -18,6 +18,9 @@ matches. The key covers everything that decides what export produces:
 * the example inputs' shapes, strides and dtypes (shapes are static), the model name and the
   output names.
 
+A root module with a ``capture_state()`` method (a dynamo graph, docs/DESIGN.md §2.10) is keyed
+by the value it returns, fingerprinted the same way, instead of its attributes and classes.
+
 A model holding something that cannot be fingerprinted (an open file, a lock, an object with no
 readable state, more than ``_MAX_OBJECTS`` objects) is never reused: a debug line on logger
 ``ascendc_pack`` says which attribute. And a key is not proof: a model can read an environment
@@ -108,12 +111,17 @@ def capture_key(module: torch.nn.Module, example_inputs: tuple, name: str,
         put("dist", dist)
     modules = dict(module.named_modules(remove_duplicate=False))
     fingerprint = _Fingerprint(put, registered={id(m): prefix for prefix, m in modules.items()})
+    own_state = getattr(module, "capture_state", None)
     try:
-        for prefix, sub in modules.items():
-            put("module", prefix, type(sub).__qualname__, sub.training)
-            fingerprint.module_attributes(sub, prefix or "model")
-        for cls in sorted({type(sub) for sub in modules.values()}, key=lambda c: (c.__module__, c.__qualname__)):
-            fingerprint.class_globals(cls)
+        if callable(own_state):  # a generated module (a dynamo graph) says what its forward computes
+            put("described", type(module).__qualname__)
+            fingerprint.value(own_state(), "model")
+        else:
+            for prefix, sub in modules.items():
+                put("module", prefix, type(sub).__qualname__, sub.training)
+                fingerprint.module_attributes(sub, prefix or "model")
+            for cls in sorted({type(sub) for sub in modules.values()}, key=lambda c: (c.__module__, c.__qualname__)):
+                fingerprint.class_globals(cls)
     except (Unfingerprintable, RecursionError) as exc:   # RecursionError: a reference chain too deep to walk
         log.debug("capture cache: model %r is captured every time: %s", name, exc)
         return None
