@@ -96,11 +96,15 @@ def evaluate(x, sizes: dict[str, int]) -> int:
 def bounds(x, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
     """The smallest and largest value of ``x`` over the declared ``ranges`` (dim -> (min, max)).
 
-    Exact for expressions that never decrease when a dim grows (every size and stride of a
-    plan: sums of products with non-negative coefficients, floor divisions and maxima of
-    those); anything else raises SymbolicError (its extremes are not at the corners)."""
+    Exact for expressions that never decrease when a dim grows (the sizes and strides of a
+    plan: once expanded, sums of products of dims with positive coefficients, floor divisions
+    and maxima of those); anything else raises SymbolicError (its extremes need not be at the
+    corners). The graph interpreter also checks every arena buffer against the arena per call."""
     if not is_symbolic(x):
         return int(x), int(x)
+    import sympy
+
+    x = sympy.expand(x)
     if not _monotone(x):
         raise SymbolicError(f"size {x} can shrink when a dynamic dim grows; the generic plan cannot bound it")
     lo = evaluate(x, {n: r[0] for n, r in ranges.items()})
@@ -109,17 +113,37 @@ def bounds(x, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
 
 
 def _monotone(x) -> bool:
+    """Non-decreasing in every dim (dims are positive): a constant term may be negative, a
+    product needs a positive coefficient and non-negative, non-decreasing factors."""
+    if x.is_number or x.is_Symbol:
+        return True
+    if x.is_Add:
+        return all(_monotone(a) for a in x.args)
+    if x.is_Mul:
+        coeff, rest = x.as_coeff_Mul()
+        return coeff > 0 and all(_growing_factor(f) for f in rest.as_ordered_factors())
+    return _growing_factor(x)
+
+
+def _growing_factor(f) -> bool:
+    """A non-negative, non-decreasing factor of a product."""
     import sympy
 
-    if x.is_Symbol or x.is_number:
-        return x.is_Symbol or x >= 0
-    if x.is_Add or x.is_Mul or isinstance(x, (sympy.Max, sympy.Min)):
-        return all(_monotone(a) for a in x.args)
-    if x.is_Pow:
-        return x.exp.is_Integer and x.exp > 0 and _monotone(x.base)
-    name = type(x).__name__
-    if name in ("FloorDiv", "CeilDiv", "CleanDiv"):
-        return _monotone(x.args[0]) and x.args[1].is_number and x.args[1] > 0
+    if f.is_Symbol:
+        return True
+    if f.is_number:
+        return f >= 0
+    if f.is_Pow:
+        return f.exp.is_Integer and f.exp > 0 and _growing_factor(f.base)
+    if isinstance(f, (sympy.Max, sympy.Min)):
+        return all(_growing_factor(a) or (a.is_number and a >= 0) for a in f.args)
+    if type(f).__name__ in ("FloorDiv", "CeilDiv", "CleanDiv"):
+        return f.args[1].is_number and f.args[1] > 0 and _growing_factor(f.args[0])
+    if f.is_Add:  # a sum inside a product: every term must grow and the sum stay >= 0 (positive terms)
+        return all(a.is_number and a >= 0 or _growing_factor(a) for a in f.args)
+    if f.is_Mul:
+        coeff, rest = f.as_coeff_Mul()
+        return coeff > 0 and all(_growing_factor(g) for g in rest.as_ordered_factors())
     return False
 
 

@@ -160,6 +160,9 @@ struct Kernel {
   int (*launch)(void* const*, void* const*, void*, int32_t) = nullptr;
   // the same kernel on the graph's task pool (kernel_pool.h); null: the library runs OpenMP only
   int (*launch_pool)(void* const*, void* const*, void*, int32_t, const ap_pool*) = nullptr;
+  // a jit kernel (kernel_abi.h): host tiling and launch with the sizes; null for a static kernel
+  int (*tiling)(const int64_t*, int32_t, ap_jit_tiling*) = nullptr;
+  int (*launch_jit)(void* const*, void* const*, void*, const int64_t*, const ap_jit_tiling*) = nullptr;
   const ap_kernel_spec* spec = nullptr;
 };
 
@@ -171,6 +174,22 @@ const ap_pool* kernel_pool() {
     return env && std::strcmp(env, "0") == 0 ? nullptr : ::ascendc_pack::TaskPool::instance().abi();
   }();
   return pool;
+}
+
+// A jit kernel's entry points; "" when they are there and take the sizes the graph passes.
+std::string load_jit(Kernel& k, const ap_kernel_spec& spec) {
+  auto describe = reinterpret_cast<const ap_jit_info* (*)()>(dlsym(k.handle, "ap_kernel_jit_describe"));
+  k.tiling = reinterpret_cast<int (*)(const int64_t*, int32_t, ap_jit_tiling*)>(dlsym(k.handle, "ap_kernel_tiling"));
+  k.launch_jit = reinterpret_cast<int (*)(void* const*, void* const*, void*, const int64_t*, const ap_jit_tiling*)>(
+      dlsym(k.handle, "ap_kernel_launch_jit"));
+  if (!describe || !k.tiling || !k.launch_jit)
+    return "it is not a jit kernel (no ap_kernel_jit_describe/ap_kernel_tiling/ap_kernel_launch_jit)";
+  const ap_jit_info* info = describe();
+  if (!info || info->abi_version != AP_KERNEL_JIT_ABI_VERSION)
+    return "its jit ABI is not " + std::to_string(AP_KERNEL_JIT_ABI_VERSION);
+  if (info->n_dims != spec.n_dims)
+    return "it takes " + std::to_string(info->n_dims) + " sizes, the graph passes " + std::to_string(spec.n_dims);
+  return "";
 }
 
 Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
@@ -211,6 +230,8 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
   else if (info->workspace > spec.workspace)
     problem = "it needs " + std::to_string(info->workspace) + " bytes of workspace, the graph plans " +
               std::to_string(spec.workspace);
+  else if (spec.n_dims > 0)
+    problem = load_jit(k, spec);
   if (!problem.empty()) {
     dlclose(k.handle);
     fail(where + " is not the kernel this graph was built with: " + problem +
@@ -244,14 +265,16 @@ at::Tensor pack_b(const Kernel& k, const at::Tensor& b, int64_t nbytes) {
 }
 
 // ---- io checks -----------------------------------------------------------------------------
+template <typename Resolve>
 void check_tensors(const std::vector<at::Tensor>& ts, const ap_tensor_spec* specs, int32_t n,
-                   const char* what) {
+                   const char* what, Resolve resolve) {
   if (ts.size() != size_t(n))
     fail(std::string("expected ") + std::to_string(n) + " " + what + "s, got " + std::to_string(ts.size()));
   for (int32_t i = 0; i < n; ++i) {
     const auto& t = ts[i];
     const auto& s = specs[i];
-    c10::IntArrayRef sizes(s.sizes, s.ndim), strides(s.strides, s.ndim);
+    auto sizes_v = resolve(s.sizes, s.ndim), strides_v = resolve(s.strides, s.ndim);
+    c10::IntArrayRef sizes(sizes_v), strides(strides_v);
     std::string name = std::string(what) + " " + std::to_string(i) + " (" + s.name + ")";
     if (!t.defined()) fail(name + " is undefined");
     if (!t.device().is_cpu()) fail(name + " is on " + t.device().str() + ", expected cpu");
@@ -273,6 +296,11 @@ struct State {
   std::vector<Op> ops;
   std::vector<Kernel> kernels;
   int32_t max_threads = 0;        // every fused kernel's thread cap (set_threads); 0: its block_dim
+  // a generic plan: the dims of the last call, every size expression at them, and the constant
+  // arguments of operator templates that hold a size expression (refreshed when the dims change)
+  bool dynamic = false;
+  std::vector<int64_t> dims, exprs;
+  std::vector<std::pair<int32_t, int32_t>> sym_args;
   ~State() {
     for (auto& k : kernels)
       if (k.handle) dlclose(k.handle);
@@ -296,15 +324,60 @@ struct Frame {
   }
 };
 
-c10::IValue constant(const ap_arg& a) {
+// ---- dynamic dims (generic plans) -----------------------------------------------------------
+using Ints = c10::SmallVector<int64_t, 8>;
+
+// A size: itself, or the value of its expression at this call's dims.
+inline int64_t size_of(const State& S, int64_t v) { return ap_is_sym(v) ? S.exprs[v - AP_SYM(0)] : v; }
+
+Ints sizes_of(const State& S, const int64_t* p, int32_t n) {
+  Ints out(p, p + n);
+  if (S.dynamic)
+    for (auto& v : out) v = size_of(S, v);
+  return out;
+}
+
+bool has_sym(const ap_arg& a) {
+  if (a.kind == AP_ARG_INT) return ap_is_sym(a.i);
+  if (a.kind != AP_ARG_INTS) return false;
+  auto p = static_cast<const int64_t*>(a.items);
+  return std::any_of(p, p + a.n, [](int64_t v) { return ap_is_sym(v); });
+}
+
+int64_t eval_expr(int32_t k, const std::vector<int64_t>& dims) {
+  c10::SmallVector<int64_t, 16> st;
+  for (int32_t i = ap_graph_program.expr_offsets[k]; i < ap_graph_program.expr_offsets[k + 1]; i += 2) {
+    int64_t op = ap_graph_program.expr_code[i], v = ap_graph_program.expr_code[i + 1];
+    if (op == AP_OP_CONST) { st.push_back(v); continue; }
+    if (op == AP_OP_DIM) { st.push_back(dims[v]); continue; }
+    int64_t b = st.back(); st.pop_back();
+    int64_t& a = st.back();
+    switch (op) {
+      case AP_OP_ADD: a += b; break;
+      case AP_OP_MUL: a *= b; break;
+      case AP_OP_FLOORDIV: a = b ? (a / b - ((a % b != 0) && ((a < 0) != (b < 0)))) : 0; break;
+      case AP_OP_MOD: a = b ? ((a % b) + b) % b : 0; break;
+      case AP_OP_MAX: a = std::max(a, b); break;
+      case AP_OP_MIN: a = std::min(a, b); break;
+      default: fail("internal error: size expression opcode " + std::to_string(op));
+    }
+  }
+  return st.back();
+}
+
+c10::IValue constant(const ap_arg& a, const State* S = nullptr) {
   switch (a.kind) {
     case AP_ARG_NONE: return c10::IValue();
-    case AP_ARG_INT: return c10::IValue(a.i);
+    case AP_ARG_INT: return c10::IValue(S ? size_of(*S, a.i) : a.i);
     case AP_ARG_DOUBLE: return c10::IValue(a.d);
     case AP_ARG_BOOL: return c10::IValue(a.i != 0);
     case AP_ARG_STRING: return c10::IValue(std::string(static_cast<const char*>(a.items)));
     case AP_ARG_INTS: {
       auto p = static_cast<const int64_t*>(a.items);
+      if (S) {
+        Ints v = sizes_of(*S, p, a.n);
+        return c10::IValue(std::vector<int64_t>(v.begin(), v.end()));
+      }
       return c10::IValue(std::vector<int64_t>(p, p + a.n));
     }
     case AP_ARG_DOUBLES: {
@@ -350,7 +423,7 @@ c10::IValue value(const ap_arg& a, Frame& f) {
                                                   : std::optional<at::Tensor>(f[refs[k]]));
     return c10::IValue(std::move(items));
   }
-  return constant(a);
+  return constant(a, &f.S);
 }
 
 void call(const ap_insn& x, Frame& f) {
@@ -373,18 +446,40 @@ void launch_kernel(const ap_insn& x, Frame& f) {
   // a profiler event named after the kernel (ATen steps get theirs from the dispatcher); one
   // thread-local check when no profiler runs
   RECORD_FUNCTION(k.spec->name, c10::ArrayRef<const c10::IValue>{});
-  launch(k, ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
+  if (!k.launch_jit) {
+    launch(k, ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
+    return;
+  }
+  // the jit path: this call's sizes, the tiling chosen for them on the host, the launch
+  Ints dims = sizes_of(f.S, x.shape, x.ndim);
+  ap_jit_tiling t{};
+  int rc = k.tiling(dims.data(), f.S.max_threads, &t);
+  if (rc == 0) rc = k.launch_jit(ptrs.data(), ptrs.data() + x.b, ws, dims.data(), &t);
+  if (rc != 0)
+    fail(std::string("jit kernel ") + k.spec->name + " failed with status " + std::to_string(rc));
 }
 
 void exec(const ap_insn* code, int32_t n, Frame& f) {
   for (int32_t pc = 0; pc < n;) {
     const ap_insn& x = code[pc++];
     c10::IntArrayRef shape(x.shape, x.ndim), stride(x.stride, x.ndim);
+    Ints dyn_shape, dyn_stride;
+    if (f.S.dynamic && x.ndim > 0 && x.code != AP_LAUNCH) {  // a generic plan: sizes at this call's dims
+      dyn_shape = sizes_of(f.S, x.shape, x.ndim), dyn_stride = sizes_of(f.S, x.stride, x.ndim);
+      shape = c10::IntArrayRef(dyn_shape), stride = c10::IntArrayRef(dyn_stride);
+    }
     switch (x.code) {
       case AP_CALL: call(x, f); break;
       case AP_SET_ARG: f.S.ops[x.a].tmpl[x.b] = value(x.args[0].arg, f); break;
       case AP_EMPTY: f[x.dst] = empty_strided(shape, stride, dtype(x.a)); break;
-      case AP_ARENA: f[x.dst] = arena_buffer(f.S.arena, x.offset, x.nbytes, dtype(x.a), shape, stride); break;
+      case AP_ARENA: {
+        int64_t nbytes = size_of(f.S, x.nbytes);
+        if (f.S.dynamic && x.offset + nbytes > f.S.arena.numel())  // the plan bounds every size: never
+          fail("internal error: a buffer of " + std::to_string(nbytes) + " bytes at offset " +
+               std::to_string(x.offset) + " does not fit the arena (" + std::to_string(f.S.arena.numel()) + ")");
+        f[x.dst] = arena_buffer(f.S.arena, x.offset, nbytes, dtype(x.a), shape, stride);
+        break;
+      }
       case AP_LAUNCH: launch_kernel(x, f); break;
       case AP_RELAYOUT: relayout(f[x.src], f[x.dst]); break;
       case AP_EXPECT: f[x.dst] = expect_layout(f[x.src], shape, stride); break;
@@ -414,13 +509,44 @@ std::shared_ptr<State> get_state(int64_t handle) {
   return it->second;
 }
 
+// A generic plan's dims from the call's inputs (checked against their declared ranges), and
+// every size expression and sized operator argument at them when they changed since the last call.
+void bind_dims(State& S, const std::vector<at::Tensor>& in) {
+  std::vector<int64_t> dims(G.n_dims, -1);
+  for (int32_t i = 0; i < G.n_binds; ++i) {
+    const ap_dim_bind& b = G.binds[i];
+    if (size_t(b.input) >= in.size())
+      fail("expected " + std::to_string(G.n_inputs) + " inputs, got " + std::to_string(in.size()));
+    const at::Tensor& t = in[b.input];
+    std::string where = "input " + std::to_string(b.input) + " (" + G.inputs[b.input].name + ")";
+    if (!t.defined() || t.dim() <= b.dim)
+      fail(where + " has " + std::to_string(t.defined() ? t.dim() : 0) + " dims, expected " +
+           std::to_string(G.inputs[b.input].ndim));
+    const ap_dim_spec& d = G.dims[b.sym];
+    int64_t v = t.size(b.dim);
+    if (v < d.min || v > d.max)
+      fail(where + " dim " + std::to_string(b.dim) + " (" + d.name + ") is " + std::to_string(v) +
+           ", outside the declared range [" + std::to_string(d.min) + ", " + std::to_string(d.max) + "]");
+    if (dims[b.sym] >= 0 && dims[b.sym] != v)
+      fail(where + " dim " + std::to_string(b.dim) + " (" + d.name + ") is " + std::to_string(v) + ", another "
+           "input's is " + std::to_string(dims[b.sym]) + "; dims declared as one must have one size");
+    dims[b.sym] = v;
+  }
+  if (dims == S.dims) return;
+  S.exprs.resize(G.n_exprs);
+  for (int32_t k = 0; k < G.n_exprs; ++k) S.exprs[k] = eval_expr(k, dims);
+  S.dims = std::move(dims);
+  for (auto [op, k] : S.sym_args) S.ops[op].tmpl[k] = constant(G.ops[op].args[k], &S);
+}
+
 int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
   if (G.program_version != AP_GRAPH_PROGRAM_VERSION)
     fail("graph.cpp holds program version " + std::to_string(G.program_version) + ", its interpreter " +
          std::to_string(AP_GRAPH_PROGRAM_VERSION) + "; rebuild the bundle");
   auto holder = std::make_shared<State>();
   State& S = *holder;
-  check_tensors(weights, G.weights, G.n_weights, "weight");
+  check_tensors(weights, G.weights, G.n_weights, "weight", [](const int64_t* p, int32_t n) { return Ints(p, p + n); });
+  S.dynamic = G.n_dims > 0;
   S.w = std::move(weights);
   for (int32_t i = 0; i < G.n_kernels; ++i) S.kernels.push_back(load_kernel(root, G.kernels[i]));
   S.arena = empty_strided({G.arena_bytes}, {1}, c10::ScalarType::Byte);
@@ -430,7 +556,15 @@ int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
   for (int32_t i = 0; i < G.n_ops; ++i) {
     torch::jit::Stack tmpl;
     tmpl.reserve(G.ops[i].nargs);
-    for (int32_t k = 0; k < G.ops[i].nargs; ++k) tmpl.push_back(constant(G.ops[i].args[k]));
+    for (int32_t k = 0; k < G.ops[i].nargs; ++k) {
+      const ap_arg& a = G.ops[i].args[k];
+      if (S.dynamic && has_sym(a)) {  // a size of this call: set once the dims are known
+        S.sym_args.emplace_back(i, k);
+        tmpl.push_back(c10::IValue());
+      } else {
+        tmpl.push_back(constant(a));
+      }
+    }
     S.ops.push_back(make_op(G.ops[i].name, G.ops[i].overload, std::move(tmpl)));
   }
   Frame f{S, nullptr, {}};
@@ -445,7 +579,8 @@ std::vector<at::Tensor> graph_run(int64_t handle, std::vector<at::Tensor> in) {
   auto holder = get_state(handle);
   State& S = *holder;
   std::lock_guard<std::mutex> lock(S.mu);
-  check_tensors(in, G.inputs, G.n_inputs, "input");
+  if (S.dynamic) bind_dims(S, in);
+  check_tensors(in, G.inputs, G.n_inputs, "input", [&S](const int64_t* p, int32_t n) { return sizes_of(S, p, n); });
   Frame f{S, &in, std::vector<at::Tensor>(G.n_locals)};
   exec(G.run, G.n_run, f);
   std::vector<at::Tensor> out;
