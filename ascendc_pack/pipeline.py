@@ -280,13 +280,11 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
     """
-    from ascendc_pack.autotune.protocol import Protocol
-    from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.package.bundle import build_bundle
     from ascendc_pack.config import BuildConfig
     from ascendc_pack.progress import Progress
     from ascendc_pack.graph.render import start_graph_runtime
-    from ascendc_pack.tune.python_mode import PythonModeModule, inline_kernels
+    from ascendc_pack.tune.python_mode import inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
                                  backend=backend)
@@ -304,16 +302,10 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
         interpreter.result()
 
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
-    prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
-                   input_sets=input_sets, protocol=protocol, tactics=tactics, before_tuning=wait_for_interpreter)
-    wait_for_interpreter()
-    captured, fused, kernels = prep.captured, prep.fused, prep.kernels
-    pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
-                          backend=get_backend(config.backend))
-    with pm, progress.stage("tune", total=pm.pending()) as st:
-        pm.log_progress = lambda _: st.advance()
-        for inputs in () if _reach_without_running(pm, fused, input_sets) else input_sets:
-            pm(*_clone(inputs))
+    prep, pm = prepare_and_tune(model, example_inputs, input_sets, config=config, name=name, progress=progress,
+                                output_names=output_names, protocol=protocol, tactics=tactics,
+                                before_tuning=wait_for_interpreter)
+    captured, fused = prep.captured, prep.fused
     choices, fallbacks = pm.choices(), pm.fallbacks()
     # the graph engineer's render stage will report graph compile progress itself; until then the
     # whole bundle stage shows its elapsed time and the graph compile's share is split off after
@@ -339,6 +331,28 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                        compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
                        fallbacks=fallbacks, verification=checks, tactics=prep.tactics, call_threads=call_threads,
                        tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified)
+
+
+def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, config, name: str, progress,
+                     output_names=None, protocol=None, tactics: bool = True, before_tuning=None):
+    """:func:`prepare` then PGO of the fused kernels on ``input_sets`` (stage ``tune``):
+    ``(Prepared, PythonModeModule)``; the module's ``choices()`` / ``fallbacks()`` are the outcome.
+    ``before_tuning`` runs before anything is timed (and once more before the kernels are)."""
+    from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.tune.python_mode import PythonModeModule
+
+    prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
+                   input_sets=input_sets, protocol=protocol, tactics=tactics, before_tuning=before_tuning)
+    if before_tuning is not None:
+        before_tuning()
+    pm = PythonModeModule(prep.fused, prep.captured.weights, prep.kernels, protocol or Protocol(),
+                          backend=get_backend(config.backend))
+    with pm, progress.stage("tune", total=pm.pending()) as st:
+        pm.log_progress = lambda _: st.advance()
+        for inputs in () if _reach_without_running(pm, prep.fused, input_sets) else input_sets:
+            pm(*_clone(inputs))
+    return prep, pm
 
 
 def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, remove_on_error: bool, rewrite):
@@ -394,14 +408,18 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
 
 
 def build_file(model_file, **kwargs) -> BuildResult:
-    """:func:`build` for a model.py file (its calibration inputs included). Loading the file (the
-    user's imports, the model's construction) is the build's first stage, ``load``."""
+    """:func:`build` for a model.py file (its calibration inputs included), or for a
+    :class:`LoadedModel` already loaded. Loading the file (the user's imports, the model's
+    construction) is the build's first stage, ``load``."""
     from ascendc_pack.progress import Progress
 
     progress = kwargs.pop("progress", False)
     progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
-    with progress.stage("load", label="load model file"):
-        loaded = load_model_file(model_file)
+    if isinstance(model_file, LoadedModel):
+        loaded = model_file
+    else:
+        with progress.stage("load", label="load model file"):
+            loaded = load_model_file(model_file)
     kwargs["progress"] = progress
     kwargs.setdefault("output", Path(f"{loaded.name}.ascpack"))
     kwargs.setdefault("output_names", loaded.output_names)

@@ -28,6 +28,7 @@ from ascendc_pack_runtime.tensor_meta import DTYPES
 
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.ir.choice import CandidateResult, KernelChoice
 from ascendc_pack.ir.fusion import KernelSpec
 from ascendc_pack.ir.ops import STORAGE_TYPE
 from ascendc_pack.ir.symbolic import c_expr, evaluate, is_symbolic, symbols_of
@@ -177,6 +178,13 @@ def compile_jit(specs: list[KernelSpec], config: BuildConfig, backend, progress=
     builds = jit_builds(specs, config, backend)
     compiled = backend.compile(builds, config, progress)
     return {b.kernel_name: ck for b, ck in zip(builds, compiled)}
+
+
+def jit_choice(spec: KernelSpec, compiled) -> KernelChoice:
+    """The choice of a jit kernel: its one compiled candidate (nothing to time: its tiling is
+    chosen per launch), unvisited by PGO."""
+    return KernelChoice(name=spec.name, spec=spec, chosen_index=0, candidate=compiled.candidate,
+                        so_path=compiled.so_path, visited=False, results=[CandidateResult(compiled.candidate)])
 
 
 class _Tiling(ctypes.Structure):
