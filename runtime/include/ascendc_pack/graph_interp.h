@@ -34,6 +34,7 @@
 
 #include "ascendc_pack/gemm_abi.h"
 #include "ascendc_pack/graph_program.h"
+#include "ascendc_pack/graph_sizes.h"
 #include "ascendc_pack/kernel_abi.h"
 #include "ascendc_pack/kernel_pool.h"
 #include "ascendc_pack/task_pool.h"
@@ -337,34 +338,6 @@ Ints sizes_of(const State& S, const int64_t* p, int32_t n) {
   return out;
 }
 
-bool has_sym(const ap_arg& a) {
-  if (a.kind == AP_ARG_INT) return ap_is_sym(a.i);
-  if (a.kind != AP_ARG_INTS) return false;
-  auto p = static_cast<const int64_t*>(a.items);
-  return std::any_of(p, p + a.n, [](int64_t v) { return ap_is_sym(v); });
-}
-
-int64_t eval_expr(int32_t k, const std::vector<int64_t>& dims) {
-  c10::SmallVector<int64_t, 16> st;
-  for (int32_t i = ap_graph_program.expr_offsets[k]; i < ap_graph_program.expr_offsets[k + 1]; i += 2) {
-    int64_t op = ap_graph_program.expr_code[i], v = ap_graph_program.expr_code[i + 1];
-    if (op == AP_OP_CONST) { st.push_back(v); continue; }
-    if (op == AP_OP_DIM) { st.push_back(dims[v]); continue; }
-    int64_t b = st.back(); st.pop_back();
-    int64_t& a = st.back();
-    switch (op) {
-      case AP_OP_ADD: a += b; break;
-      case AP_OP_MUL: a *= b; break;
-      case AP_OP_FLOORDIV: a = b ? (a / b - ((a % b != 0) && ((a < 0) != (b < 0)))) : 0; break;
-      case AP_OP_MOD: a = b ? ((a % b) + b) % b : 0; break;
-      case AP_OP_MAX: a = std::max(a, b); break;
-      case AP_OP_MIN: a = std::min(a, b); break;
-      default: fail("internal error: size expression opcode " + std::to_string(op));
-    }
-  }
-  return st.back();
-}
-
 c10::IValue constant(const ap_arg& a, const State* S = nullptr) {
   switch (a.kind) {
     case AP_ARG_NONE: return c10::IValue();
@@ -512,29 +485,10 @@ std::shared_ptr<State> get_state(int64_t handle) {
 // A generic plan's dims from the call's inputs (checked against their declared ranges), and
 // every size expression and sized operator argument at them when they changed since the last call.
 void bind_dims(State& S, const std::vector<at::Tensor>& in) {
-  std::vector<int64_t> dims(G.n_dims, -1);
-  for (int32_t i = 0; i < G.n_binds; ++i) {
-    const ap_dim_bind& b = G.binds[i];
-    if (size_t(b.input) >= in.size())
-      fail("expected " + std::to_string(G.n_inputs) + " inputs, got " + std::to_string(in.size()));
-    const at::Tensor& t = in[b.input];
-    std::string where = "input " + std::to_string(b.input) + " (" + G.inputs[b.input].name + ")";
-    if (!t.defined() || t.dim() <= b.dim)
-      fail(where + " has " + std::to_string(t.defined() ? t.dim() : 0) + " dims, expected " +
-           std::to_string(G.inputs[b.input].ndim));
-    const ap_dim_spec& d = G.dims[b.sym];
-    int64_t v = t.size(b.dim);
-    if (v < d.min || v > d.max)
-      fail(where + " dim " + std::to_string(b.dim) + " (" + d.name + ") is " + std::to_string(v) +
-           ", outside the declared range [" + std::to_string(d.min) + ", " + std::to_string(d.max) + "]");
-    if (dims[b.sym] >= 0 && dims[b.sym] != v)
-      fail(where + " dim " + std::to_string(b.dim) + " (" + d.name + ") is " + std::to_string(v) + ", another "
-           "input's is " + std::to_string(dims[b.sym]) + "; dims declared as one must have one size");
-    dims[b.sym] = v;
-  }
+  std::vector<int64_t> dims = ap_sizes::bind(G, in);
   if (dims == S.dims) return;
   S.exprs.resize(G.n_exprs);
-  for (int32_t k = 0; k < G.n_exprs; ++k) S.exprs[k] = eval_expr(k, dims);
+  for (int32_t k = 0; k < G.n_exprs; ++k) S.exprs[k] = ap_sizes::eval(G, k, dims);
   S.dims = std::move(dims);
   for (auto [op, k] : S.sym_args) S.ops[op].tmpl[k] = constant(G.ops[op].args[k], &S);
 }
@@ -558,7 +512,7 @@ int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
     tmpl.reserve(G.ops[i].nargs);
     for (int32_t k = 0; k < G.ops[i].nargs; ++k) {
       const ap_arg& a = G.ops[i].args[k];
-      if (S.dynamic && has_sym(a)) {  // a size of this call: set once the dims are known
+      if (S.dynamic && ap_sizes::has_sym(a)) {  // a size of this call: set once the dims are known
         S.sym_args.emplace_back(i, k);
         tmpl.push_back(c10::IValue());
       } else {
