@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from ascendc_pack.errors import PackError, VerificationError
+from ascendc_pack.errors import PackError
 from ascendc_pack.frontend.dynamic import DynamicShapes, batch_declaration, group_buckets, resize_batch
-from ascendc_pack.pipeline import BuildResult, _clone, check_against_eager, prepare_and_tune
+from ascendc_pack.pipeline import BuildResult, _verify_bundle, check_against_eager, prepare_and_tune
 
 log = logging.getLogger("ascendc_pack")
 
@@ -173,32 +173,14 @@ def build_generic(model: torch.nn.Module, example_inputs, decl: DynamicShapes, c
 
 def _verify(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:
     """The staged bundle against eager on every input set, through the plan the runtime picks
-    (their buckets) and through the generic plan; then moved to ``out`` (else deleted,
-    VerificationError)."""
-    import ascendc_pack_runtime as rt
+    (their buckets) and through the generic plan (:func:`ascendc_pack.pipeline._verify_bundle`)."""
 
-    try:
-        try:
-            model = rt.load(staged)
-        except rt.BundleError as exc:
-            raise VerificationError(f"the new bundle does not load: {exc}") from None
-        try:
-            checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol)
-            generic = check_against_eager(module, input_sets, lambda *xs: model.run_plan("generic", *xs),
-                                          names=names, atol=atol, rtol=rtol)
-        finally:
-            model.close()
-        checks += [dataclasses.replace(c, label=f"{c.label} (generic plan)") for c in generic]
-        bad = [c for c in checks if not c.ok]
-        if bad:
-            raise VerificationError(
-                f"the new bundle does not match eager on {bad[0].label}: {bad[0].problem}. No bundle was written "
-                f"to {out}. If the difference is acceptable, rebuild with --atol/--rtol; --no-verify skips this "
-                "check. Otherwise please report it: it is a bug in ascendc-pack.")
-        os.replace(staged, out)
-        return checks
-    finally:
-        staged.unlink(missing_ok=True)
+    def generic(model) -> list:
+        checks = check_against_eager(module, input_sets, lambda *xs: model.run_plan("generic", *xs), names=names,
+                                     atol=atol, rtol=rtol)
+        return [dataclasses.replace(c, label=f"{c.label} (generic plan)") for c in checks]
+
+    return _verify_bundle(module, input_sets, staged, out, names, atol, rtol, also=generic)
 
 
 def cli_input_sets(example_inputs, input_names, lo: int, hi: int, buckets: list[int]):

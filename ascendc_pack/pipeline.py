@@ -380,9 +380,10 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
             raise
 
 
-def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:
+def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol, also=None) -> list:
     """Load the staged bundle with the runtime, compare it with eager, then move it to ``out``;
-    on a mismatch (or a load failure) delete it and raise VerificationError."""
+    on a mismatch (or a load failure) delete it and raise VerificationError. ``also(model)``:
+    more checks of the loaded model (a dynamic bundle's generic plan)."""
     import ascendc_pack_runtime as rt
 
     try:
@@ -392,6 +393,8 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
             raise VerificationError(f"the new bundle does not load: {exc}") from None
         try:
             checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol)
+            if also is not None:
+                checks += also(model)
         finally:
             model.close()
         bad = [c for c in checks if not c.ok]

@@ -358,31 +358,31 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
     inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
-    backend = get_backend(config.backend)
     return contract.Manifest(
-        format_version=FORMAT_VERSION,
-        producer=contract.Producer("ascendc-pack", package_version()),
-        model_name=model.name,
-        backend=backend.name,
-        target=backend.manifest_target(config),
-        torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
-        core_limit=config.cores,
-        cores=backend.target(config).cores,
-        topn=config.topn,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
-        out_spec=plain_treespec(model.out_tree),
+        format_version=FORMAT_VERSION, **manifest_common(model, config), inputs=tuple(inputs), outputs=tuple(outputs),
         weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
-        graph=contract.Graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src.namespace, GRAPH_ABI_VERSION,
-                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
-                             dict(graph_src.aten_ops)),
-        kernels=tuple(kernels),
-        members=members,
-        out_tree=model.out_tree,
-        tactics=tactics,
-        call_threads=call_threads,
+        graph=manifest_graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src, config),
+        kernels=tuple(kernels), members=members, tactics=tactics, call_threads=call_threads,
     ).validate()
+
+
+def manifest_common(model: ModelProgram, config: BuildConfig) -> dict:
+    """The manifest fields every bundle has the same way: the producer, the model's name,
+    backend and target, torch, cores, topn, mutations and output structure."""
+    backend = get_backend(config.backend)
+    return dict(producer=contract.Producer("ascendc-pack", package_version()), model_name=model.name,
+                backend=backend.name, target=backend.manifest_target(config),
+                torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+                core_limit=config.cores, cores=backend.target(config).cores, topn=config.topn,
+                mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
+                out_spec=plain_treespec(model.out_tree), out_tree=model.out_tree)
+
+
+def manifest_graph(library: str, source: str, graph_src: GraphSource, config: BuildConfig) -> contract.Graph:
+    """The manifest entry of a graph.so (member names, namespace, flags, memory report, ATen calls)."""
+    return contract.Graph(library, source, graph_src.namespace, GRAPH_ABI_VERSION,
+                          tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
+                          dict(graph_src.aten_ops))
 
 
 def write_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],

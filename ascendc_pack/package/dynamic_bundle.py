@@ -23,23 +23,19 @@ from pathlib import Path
 import torch
 
 from ascendc_pack_runtime import manifest as contract
-from ascendc_pack_runtime.constants import (FORMAT_VERSION_DYNAMIC, GRAPH_ABI_VERSION, TUNING_FILE, WEIGHT_ALIGNMENT,
-                                            WEIGHTS_FILE)
-from ascendc_pack_runtime.outputs import plain_treespec
+from ascendc_pack_runtime.constants import FORMAT_VERSION_DYNAMIC, TUNING_FILE, WEIGHT_ALIGNMENT, WEIGHTS_FILE
 
-from ascendc_pack.backends.registry import get_backend
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.frontend.dynamic import DynamicShapes
 from ascendc_pack.graph.emit import render_source
 from ascendc_pack.graph.plan import plan_graph
-from ascendc_pack.graph.render import compile_graph, graph_flags, render_graph_cached
+from ascendc_pack.graph.render import compile_graph, render_graph_cached
 from ascendc_pack.ir.program import ModelProgram
 from ascendc_pack.ir.symbolic import is_symbolic
 from ascendc_pack.package.bundle import (TUNING_FORMAT, ZSTD_LEVEL, BundleReport, BundleWriteError, _sha256,
-                                         _tensor_bytes, _tuning_json, _write_archive, bundle_kernels, model_weights,
-                                         weights_blob)
+                                         _tensor_bytes, _tuning_json, _write_archive, bundle_kernels, manifest_common,
+                                         manifest_graph, model_weights, weights_blob)
 from ascendc_pack.tactics.report import manifest_tactics
-from ascendc_pack.toolchain.compiler import package_version
 
 
 @dataclass
@@ -90,9 +86,7 @@ def build_dynamic_bundle(plans: list[PlanBuild], decl: DynamicShapes, output: Pa
             files += [(so, lib.path), (cpp, lib.source_path)]
             graph_sources.append(src)
             union.add_kernels(kernel_files, kernel_entries)
-            graph = contract.Graph(so, cpp, src.namespace, GRAPH_ABI_VERSION,
-                                   tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), src.stats,
-                                   dict(src.aten_ops))
+            graph = manifest_graph(so, cpp, src, config)
             plan_entries.append(contract.Plan(
                 plan.kind, dict(plan.sizes) if plan.sizes is not None else None, graph, tuple(weight_index),
                 tuple((e.name, e.kernel_key) for e in kernel_entries),
@@ -190,26 +184,10 @@ def _manifest(model: ModelProgram, decl: DynamicShapes, config: BuildConfig, wei
     out_dims = [tuple(str(s) if is_symbolic(s) else None for s in p.values[o].shape) for o in model.user_outputs]
     lead = decl.batch_dim(out_dims)
     batch = contract.BatchDims(lead, tuple(range(len(inputs))), tuple(range(len(outputs)))) if lead else None
-    backend = get_backend(config.backend)
     return contract.Manifest(
-        format_version=FORMAT_VERSION_DYNAMIC,
-        producer=contract.Producer("ascendc-pack", package_version()),
-        model_name=model.name,
-        backend=backend.name,
-        target=backend.manifest_target(config),
-        torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
-        core_limit=config.cores,
-        cores=backend.target(config).cores,
-        topn=config.topn,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
-        out_spec=plain_treespec(model.out_tree),
-        weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
-        graph=None,
-        kernels=tuple(kernels),
-        members=members,
-        out_tree=model.out_tree,
+        format_version=FORMAT_VERSION_DYNAMIC, **manifest_common(model, config), inputs=tuple(inputs),
+        outputs=tuple(outputs), weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)), graph=None,
+        kernels=tuple(kernels), members=members,
         dynamic=contract.Dynamic(tuple(contract.DynDim(d.name, d.min, d.max) for d in decl.dims), batch,
                                  tuple(plans)),
     ).validate()

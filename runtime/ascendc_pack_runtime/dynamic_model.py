@@ -16,7 +16,8 @@ import torch
 
 from .extract import Extracted, check_libraries
 from .manifest import Manifest, Plan
-from .model_parts import TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder, init_graph
+from .model_parts import (Closing, TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder,
+                          init_graph)
 from .threads import intra_op_threads
 
 
@@ -27,7 +28,7 @@ class _PlanState:
     handle: int | None
 
 
-class DynamicModel:
+class DynamicModel(Closing):
     """A loaded dynamic bundle; call it like the eager model: ``model(*inputs)``.
 
     Attributes (besides :class:`~ascendc_pack_runtime.model.Model`'s ``manifest``, ``contract``,
@@ -161,18 +162,6 @@ class DynamicModel:
                     s.ops.release(handle)
                 except Exception:  # noqa: BLE001 - interpreter shutdown
                     pass
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __enter__(self) -> DynamicModel:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n} in [{lo}, {hi}]" for n, (lo, hi) in self.dims.items())

@@ -18,13 +18,13 @@ import torch
 from .extract import Extracted, check_libraries, open_bundle
 from .host import tuned_cap_here
 from .manifest import Manifest
-from .model_parts import (TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder,  # noqa: F401
+from .model_parts import (Closing, TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder,  # noqa: F401
                           init_graph)
 from .tensor_meta import same_layout
 from .threads import check_threads, intra_op_threads
 
 
-class Model:
+class Model(Closing):
     """A loaded bundle. Call it like the eager model: ``model(*inputs)``.
 
     Attributes:
@@ -147,18 +147,6 @@ class Model:
                 self._ops.release(handle)
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))

@@ -186,3 +186,22 @@ def init_graph(ops, weights: list, directory: Path, threads: int | None, m: Mani
         member = next((k.file for k in m.kernels if k.file in msg), g.library)
         raise cls(f"{path}: the graph ({g.library}) refused to load: {msg}; rebuild the bundle",
                   member=member, fix="rebuild the bundle") from None
+
+
+class Closing:
+    """``with`` and garbage collection release a loaded model (its ``close()``, idempotent)."""
+
+    def close(self) -> None:  # pragma: no cover - every model defines it
+        raise NotImplementedError
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
