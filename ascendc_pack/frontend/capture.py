@@ -69,7 +69,7 @@ def decomposition_table() -> dict:
 
 
 def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model",
-            output_names: list[str] | None = None, dynamic_shapes=None, sizes=None) -> Captured:
+            output_names: list[str] | None = None, dynamic_shapes=None, sizes=None, keep_ops=()) -> Captured:
     """Export ``module`` on ``example_inputs`` and return its decomposed Program and weights.
 
     ``output_names`` (one per output tensor) replaces the names derived from the output
@@ -77,6 +77,7 @@ def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model",
     argument) and ``sizes`` (a function of the exported program returning the converter of its
     symbolic sizes, :func:`ascendc_pack.frontend.capture_dynamic.symbolic_sizes`) capture a
     generic plan: shapes, strides and size arguments are expressions over the dynamic dims.
+    ``keep_ops``: composite ops left undecomposed (one ATen call each).
 
     Raises:
         CaptureError: torch.export failed, or the graph holds something we cannot represent.
@@ -84,8 +85,11 @@ def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model",
     module.eval()
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     ep = _export(module, tuple(example_inputs), name, dynamic_shapes)
+    table = decomposition_table()
+    for op in keep_ops:
+        table.pop(op, None)
     try:
-        ep = ep.run_decompositions(decomposition_table())
+        ep = ep.run_decompositions(table)
     except Exception as exc:
         raise CaptureError(f"decomposing model {name!r} failed: {type(exc).__name__}: {exc}") from exc
     return _from_exported(ep, name, output_names, sizes(ep) if sizes is not None else None)

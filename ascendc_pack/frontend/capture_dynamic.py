@@ -56,11 +56,17 @@ def symbolic_sizes(decl: DynamicShapes, name: str):
     return of_program
 
 
+KEEP_OPS = (torch.ops.aten.scaled_dot_product_attention.default,)
+"""Composite ops a generic plan calls as one ATen op: attention runs ATen's fused kernel (the
+static plans' ``flash`` dispatcher tactic), which takes any sequence length, rather than the
+math decomposition (bmm, softmax, bmm) the static plans' tactic pass matches."""
+
+
 def capture_symbolic(module: torch.nn.Module, example_inputs: tuple, decl: DynamicShapes, name: str = "model",
                      output_names: list[str] | None = None) -> Captured:
     """The generic plan's capture: a Program whose sizes are expressions over ``decl``'s dims."""
     return capture(module, tuple(t.clone() for t in example_inputs), name=name, output_names=output_names,
-                   dynamic_shapes=decl.torch_spec(), sizes=symbolic_sizes(decl, name))
+                   dynamic_shapes=decl.torch_spec(), sizes=symbolic_sizes(decl, name), keep_ops=KEEP_OPS)
 
 
 def value_dims(shape) -> tuple[str | None, ...]:
