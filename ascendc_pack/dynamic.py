@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 
 from ascendc_pack.errors import PackError
-from ascendc_pack.frontend.dynamic import DynamicShapes, batch_declaration, group_buckets, resize_batch
+from ascendc_pack.frontend.capture_dynamic import capture_symbolic
+from ascendc_pack.frontend.dynamic import (DynamicShapes, batch_declaration, forward_input_names, group_buckets,
+                                           parse_declaration, resize_batch)
 from ascendc_pack.pipeline import BuildResult, _verify_bundle, check_against_eager, prepare_and_tune
 
 log = logging.getLogger("ascendc_pack")
@@ -40,9 +42,11 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
     """Build a dynamic-shape bundle of ``model`` (see the module docstring).
 
     ``input_sets``: the example inputs then every calibration set, at one or more shapes inside
-    ``decl``'s ranges (each distinct shape is a bucket). The other arguments are
-    :func:`ascendc_pack.pipeline.build`'s. Returns a :class:`~ascendc_pack.pipeline.BuildResult`
-    whose ``choices`` / ``tactics`` / ``fallbacks`` merge every plan's.
+    ``decl``'s ranges (each distinct shape is a bucket); ``decl``: a
+    :class:`~ascendc_pack.frontend.dynamic.DynamicShapes`, or what ``torch.export.export(...,
+    dynamic_shapes=...)`` takes. The other arguments are :func:`ascendc_pack.pipeline.build`'s.
+    Returns a :class:`~ascendc_pack.pipeline.BuildResult` whose ``choices`` / ``tactics`` /
+    ``fallbacks`` merge every plan's.
     """
     from ascendc_pack.config import BuildConfig
     from ascendc_pack.graph.render import start_graph_runtime
@@ -52,6 +56,12 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
                                  backend=backend)
+    input_sets = [tuple(t.contiguous() for t in inputs) for inputs in input_sets]  # every plan takes them dense
+    if not isinstance(decl, DynamicShapes):
+        names = forward_input_names(model, len(input_sets[0]))
+        decl = parse_declaration(decl, input_sets[0], names, "dynamic_shapes")
+        for k, inputs in enumerate(input_sets[1:]):
+            decl.check_static_dims(input_sets[0], inputs, f"input set {k + 1}")
     if config.backend != "cpu":
         raise PackError(f"dynamic shapes are built for the cpu backend only (--backend {config.backend} was "
                         "given): build the npu bundle with static shapes, one per shape")
@@ -62,6 +72,11 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
     interpreter = start_graph_runtime(config)
     buckets = group_buckets(decl, input_sets)
+    # the generic plan's capture first: a model that cannot be captured with its dims dynamic fails
+    # before any bucket is tuned
+    with progress.stage("capture_generic", label="capture (dynamic shapes)"):
+        symbolic = capture_symbolic(model, generic_example(decl, input_sets), decl, name=name,
+                                    output_names=output_names)
     plans, counts = [], _Counts()
     for key, sets in buckets.items():
         sizes = dict(zip((d.name for d in decl.dims), key))
@@ -73,8 +88,8 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
         plans.append(_bucket_plan(sizes, inline_kernels(prep.fused, fallbacks), prep, pm.choices()))
         counts.add(prep, pm, fallbacks)
     interpreter.result()
-    generic = build_generic(model, input_sets[0], decl, config, name=name, output_names=output_names,
-                            progress=progress, tuned={n: c for p in plans for n, c in p.choices.items()})
+    generic = build_generic(symbolic, config, progress=progress,
+                            tuned={n: c for p in plans for n, c in p.choices.items()})
     plans.append(generic)
     with progress.stage("bundle", label="graph compile + bundle"):
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
@@ -119,14 +134,26 @@ def _bucket_plan(sizes: dict, fused, prep, choices: dict):
     return PlanBuild("bucket", sizes, fused, prep.captured.weights, choices, dict(prep.tactics))
 
 
-def build_generic(model: torch.nn.Module, example_inputs, decl: DynamicShapes, config, *, name: str,
-                  output_names=None, progress=None, tuned: dict | None = None):
-    """The generic plan (the module docstring): a :class:`PlanBuild` of kind ``generic``.
-    ``tuned``: kernel choices of the buckets by kernel name (a static kernel of the generic
-    program that a bucket tuned keeps that choice)."""
+def generic_example(decl: DynamicShapes, input_sets) -> tuple:
+    """The input set the generic plan is captured from: the first with every dynamic dim at
+    least 2 (torch.export makes a dim of size 1 a constant, so it could not stay dynamic)."""
+    for inputs in input_sets:
+        sizes = decl.sizes_of(inputs)
+        if all(n >= 2 for n in sizes.values()):
+            return tuple(inputs)
+    raise PackError("every input set has a dynamic dim of size 1 ("
+                    + "; ".join(str(decl.sizes_of(i)) for i in input_sets[:4]) + "), and torch.export makes a dim "
+                    "captured at size 1 a constant; add an input set with every dynamic dim >= 2 (e.g. to "
+                    "get_calibration_inputs(), or a bucket >= 2 with --buckets): the generic plan is captured from it")
+
+
+def build_generic(captured, config, *, progress=None, tuned: dict | None = None):
+    """The generic plan (the module docstring) of a symbolic capture
+    (:func:`~ascendc_pack.frontend.capture_dynamic.capture_symbolic`): a :class:`PlanBuild` of kind
+    ``generic``. ``tuned``: kernel choices of the buckets by kernel name (a static kernel of the
+    generic program that a bucket tuned keeps that choice)."""
     from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.frontend.capture import Captured
-    from ascendc_pack.frontend.capture_dynamic import capture_symbolic
     from ascendc_pack.ir.program import Program
     from ascendc_pack.kernels.fused.build import prepare_kernels
     from ascendc_pack.kernels.fused.jit import compile_jit, is_jit, jit_choice, spec_dims
@@ -140,11 +167,9 @@ def build_generic(model: torch.nn.Module, example_inputs, decl: DynamicShapes, c
 
     progress = progress or Progress(enabled=False)
     backend = get_backend(config.backend)
-    with progress.stage("capture_generic", label="capture (dynamic shapes)"):
-        captured = capture_symbolic(model, example_inputs, decl, name=name, output_names=output_names)
+    with progress.stage("fuse_generic", label="fuse (generic plan)"):
         folded = fold_constants(captured.model, captured.weights)
         captured = Captured(elide_copies(folded.model), folded.weights)
-    with progress.stage("fuse_generic", label="fuse (generic plan)"):
         fused = fuse(captured.model)
     steps = {s.name: s for s in fused.program.fused_steps()}
     jit = [s.kernel for s in steps.values() if is_jit(s.kernel)]
@@ -195,7 +220,7 @@ def build_file(model_file, *, dynamic_batch: str | None = None, buckets: str | N
     """Build a model file: with dynamic dims (its ``get_dynamic_shapes()``, or the CLI's
     ``dynamic_batch`` ``"LO:HI"`` with ``buckets`` ``"B1,B2,..."``) a dynamic bundle, else
     :func:`ascendc_pack.pipeline.build_file`'s static one."""
-    from ascendc_pack.frontend.dynamic import forward_input_names, parse_buckets, parse_range
+    from ascendc_pack.frontend.dynamic import parse_buckets, parse_range
     from ascendc_pack.frontend.loader import load_model_file
     from ascendc_pack.pipeline import build_file as build_static
     from ascendc_pack.progress import Progress
@@ -224,4 +249,4 @@ def build_file(model_file, *, dynamic_batch: str | None = None, buckets: str | N
     return build_dynamic(loaded.module, sets, decl, name=loaded.name, **kwargs)
 
 
-__all__ = ["build_dynamic", "build_generic", "build_file", "cli_input_sets"]
+__all__ = ["build_dynamic", "build_generic", "generic_example", "build_file", "cli_input_sets"]

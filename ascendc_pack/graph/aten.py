@@ -214,7 +214,7 @@ def constant(value, typ) -> Const:
         raise RenderError(f"constant {value!r} for a Tensor argument is not supported")
     if isinstance(value, bool):
         return Const(ConstKind.BOOL, value)
-    if is_symbolic(value) and kind in ("IntType", "SymIntType"):
+    if is_symbolic(value) and kind in ("IntType", "SymIntType", "NumberType"):
         return Const(ConstKind.INT, value)
     if isinstance(value, int):
         if kind == "FloatType":
