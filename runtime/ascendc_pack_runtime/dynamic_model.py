@@ -21,6 +21,11 @@ from .model_parts import (Closing, TensorSpec, _cap_kernel_threads, _graph_ops, 
 from .threads import intra_op_threads
 
 
+MEMO_SHAPES = 256
+"""Input shapes whose plan a model remembers (calls at a remembered shape skip the Python checks;
+graph.so checks its inputs on every call anyway)."""
+
+
 @dataclass
 class _PlanState:
     plan: Plan
@@ -74,6 +79,8 @@ class DynamicModel(Closing):
         self._buckets = {tuple(s.plan.sizes[n] for n in names): s for s in self._states if s.plan.sizes is not None}
         self._generic = next((s for s in self._states if s.plan.kind == "generic"), None)
         self.plans = [s.plan.label() for s in self._states]
+        self._dtypes = [s.dtype for s in self.input_specs]
+        self._memo: dict[tuple, _PlanState] = {}   # input shapes already checked -> their plan
 
     # ------------------------------------------------------------------------------------
     def sizes_of(self, inputs) -> dict[str, int]:
@@ -126,7 +133,23 @@ class DynamicModel(Closing):
 
     def run_flat(self, *inputs) -> list[torch.Tensor]:
         """Call the plan for the inputs' sizes; the outputs flat (the order of ``output_specs``)."""
-        return self._run(self._state_for(self.sizes_of(inputs)), inputs)
+        state = self._fast(inputs)
+        if state is None:
+            state = self._state_for(self.sizes_of(inputs))
+            if len(self._memo) >= MEMO_SHAPES:
+                self._memo.clear()
+            self._memo[tuple(t.shape for t in inputs)] = state
+        return self._run(state, inputs)
+
+    def _fast(self, inputs) -> _PlanState | None:
+        """The plan of inputs whose shapes an earlier call checked, when each is a plain dense
+        CPU tensor of the expected dtype (about a microsecond; else None: the full checks)."""
+        if len(inputs) != len(self._dtypes):
+            return None
+        for t, dtype in zip(inputs, self._dtypes):
+            if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_cpu:
+                return None
+        return self._memo.get(tuple(t.shape for t in inputs))
 
     def run_plan(self, which: str, *inputs):
         """Call a given plan (``"generic"`` or a bucket's label) whatever the sizes: the build's
