@@ -90,6 +90,18 @@ print(json.dumps({{"calls": out, "refused": bad}}))
 """
 
 
+def test_serving_and_triton_export_refuse_a_dynamic_bundle_clearly(encoder, tmp_path):
+    """Serving batches on dynamic.batch in a later change; until then both say so."""
+    from ascendc_pack.package.triton_export import TritonExportError, export_triton
+    from ascendc_pack_runtime.kserve_model import AscpackModel
+
+    result, _ = encoder
+    with pytest.raises(ValueError, match=r"has dynamic dims \(batch, seq\); serving them"):
+        AscpackModel(result.output, cache_dir=tmp_path / "rt")
+    with pytest.raises(TritonExportError, match="has dynamic dims"):
+        export_triton(result.output, tmp_path / "repo")
+
+
 def test_fresh_process_matches_eager_on_and_off_the_buckets(encoder):
     result, _ = encoder
     shapes = [(2, 16), (1, 8), (4, 32),                      # the buckets

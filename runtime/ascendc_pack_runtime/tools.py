@@ -182,14 +182,18 @@ def _load_inputs(model, inputs_file: str | None, seed: int):
     specs = model.input_specs
     if inputs_file is None:
         g = torch.Generator().manual_seed(seed)
+        # a dynamic bundle: random inputs at its first bucket's sizes
+        plans = model.contract.dynamic.plans if model.contract.dynamic is not None else ()
+        sizes = next((dict(p.sizes) for p in plans if p.sizes is not None), {})
         out = []
         for s in specs:
+            shape = [sizes.get(d, d) if isinstance(d, str) else d for d in s.shape]
             if s.dtype.is_floating_point or s.dtype.is_complex:
-                t = torch.randn(s.shape, generator=g, dtype=s.dtype)
+                t = torch.randn(shape, generator=g, dtype=s.dtype)
             elif s.dtype == torch.bool:
-                t = torch.randint(0, 2, s.shape, generator=g).bool()
+                t = torch.randint(0, 2, shape, generator=g).bool()
             else:
-                t = torch.randint(0, 10, s.shape, generator=g, dtype=s.dtype)
+                t = torch.randint(0, 10, shape, generator=g, dtype=s.dtype)
             out.append(t)
         return out
     np = _numpy("--inputs FILE.npz")
