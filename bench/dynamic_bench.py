@@ -186,8 +186,13 @@ def main(argv=None) -> None:
     p.add_argument("--work-dir", default=None)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile(dynamic=True) out")
     p.add_argument("--json", default=None)
+    p.add_argument("--markdown", default=None, metavar="FILE",
+                   help="write the table into FILE's '## Dynamic shapes' section (docs/PERFORMANCE.md), replacing "
+                        "this model's subsection")
     args = p.parse_args(argv)
-    print(f"load before: {uptime()}", flush=True)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = uptime()
+    print(f"load before: {load_before}", flush=True)
     loaded = load_model_file(args.model_file)
     mod = sys.modules[type(loaded.module).__module__]
     shapes = shapes_arg(args.shapes)
@@ -229,24 +234,54 @@ def main(argv=None) -> None:
     tiling = tiling_cost(dyn, shapes, work)
     arenas = {"generic (declared maxima)": dyn.contract.dynamic.generic.graph.memory.get("arena_bytes")}
     arenas.update({f"static {b}x{s}": m.contract.graph.memory.get("arena_bytes") for (b, s), m in statics.items()})
-    print(f"load after: {uptime()}")
-    print_table(loaded.name, rows, tiling, arenas, compiled is not None)
+    load_after = uptime()
+    print(f"load after: {load_after}")
+    table = table_lines(loaded.name, rows, tiling, arenas, compiled is not None)
+    print("\n".join(table))
+    if args.markdown:
+        head = [f"### {loaded.name}", "", f"Run on {started}; load average (1/5/15 min) {load_before} before, "
+                f"{load_after} after; `--topn {args.topn}`, {args.rounds} rounds of {args.calls} calls per shape.", "",
+                "```", "OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/dynamic_bench.py " + " ".join(sys.argv[1:]),
+                "```", ""]
+        update_section(Path(args.markdown), loaded.name, head + table + [""])
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "tiling_ns": tiling, "arenas": arenas}, indent=1))
 
 
-def print_table(name, rows, tiling, arenas, with_compile: bool) -> None:
+def table_lines(name, rows, tiling, arenas, with_compile: bool) -> list[str]:
     cols = ["dynamic", "static", "ort", "eager"] + (["compile"] if with_compile else [])
     head = f"| {name} shape | plan | " + " | ".join(f"{c} ms" for c in cols) + " | dyn ÷ static | dyn ÷ ORT | static ÷ ORT |"
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        print(f"| {r['shape']} | {r['plan']} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
-              + f" | {r['dyn/static']:.2f} | {r['dyn/ort']:.2f} | {r['static/ort']:.2f} |")
+        out.append(f"| {r['shape']} | {r['plan']} | " + " | ".join(f"{r[c]:.2f}" for c in cols)
+                   + f" | {r['dyn/static']:.2f} | {r['dyn/ort']:.2f} | {r['static/ort']:.2f} |")
+    out.append("")
     if tiling:
-        print(f"host tiling per jit-kernel launch: {min(tiling.values()):.0f}-{max(tiling.values()):.0f} ns "
-              f"over {len(tiling)} jit kernels")
-    print("arenas: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in arenas.items() if v is not None))
+        out.append(f"Host tiling (`ap_kernel_tiling`) per jit-kernel launch: {min(tiling.values()):.0f}-"
+                   f"{max(tiling.values()):.0f} ns over the generic plan's {len(tiling)} jit kernels.")
+    out.append("Arenas: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in arenas.items() if v is not None) + ".")
+    return out
+
+
+def update_section(path: Path, model: str, lines: list[str]) -> None:
+    """Replace (or add) ``### <model>`` in the ``## Dynamic shapes`` section of ``path``."""
+    text = path.read_text() if path.exists() else ""
+    marker = "\n## Dynamic shapes\n"
+    if marker not in text:
+        text = text.rstrip() + "\n" + marker + "\n" + INTRO + "\n"
+    head, _, section = text.partition(marker)
+    parts = section.split("\n### ")
+    intro, subs = parts[0], {p.split("\n", 1)[0]: "### " + p for p in parts[1:]}
+    subs[model] = "\n".join(lines)
+    body = intro.rstrip() + "\n\n" + "\n".join(s.rstrip() + "\n" for _, s in sorted(subs.items()))
+    path.write_text(head + marker + body)
+
+
+INTRO = """One dynamic bundle (a tuned static plan per bucket + the generic plan: jit kernels, ATen GEMMs and
+attention) against, per shape, a static bundle built and tuned for exactly that shape, ONNX Runtime
+with dynamic axes (one model for every shape, spinning off), eager and `torch.compile(dynamic=True)`.
+Medians of interleaved rounds; the ratios are medians of per-round ratios. Written by
+`bench/dynamic_bench.py --markdown docs/PERFORMANCE.md` (`bench/run_all.py` keeps this section)."""
 
 
 if __name__ == "__main__":
