@@ -255,3 +255,36 @@ def test_a_static_bundle_is_as_before(tmp_path):
             model(torch.randn(4, 1024), y)
     finally:
         model.close()
+
+
+def test_generic_plan_with_a_cond_and_an_input_mutation(tmp_path):
+    """ascendc_pack.build_dynamic with torch.export's own dynamic_shapes: a torch.cond (both
+    branches) and an in-place update of an input, off the buckets."""
+    from torch.export import Dim
+
+    import ascendc_pack
+
+    class M(torch.nn.Module):
+        def forward(self, x, bias):
+            x.add_(bias)
+            return torch.cond(x.mean() > 0, lambda t: torch.softmax(t * 2, -1), lambda t: torch.tanh(t).sum(0)
+                              .expand_as(t) + t, (x,))
+
+    g = torch.Generator().manual_seed(0)
+    sets = [(torch.randn(4, 8, generator=g) + 1, torch.randn(8, generator=g)),
+            (torch.randn(6, 8, generator=g) - 1, torch.randn(8, generator=g))]
+    result = ascendc_pack.build_dynamic(M(), sets, ({0: Dim("rows", min=1, max=64)}, None),
+                                        output=tmp_path / "m.ascpack", cache_dir=tmp_path / "c", name="condmut")
+    m = rt.load(result.output)
+    try:
+        assert m.plans == ["bucket rows=4", "bucket rows=6", "generic"] and m.batch is None
+        for rows, shift in ((1, 1.0), (5, -1.0), (64, 1.0), (6, 1.0)):
+            x, b = torch.randn(rows, 8) + shift, torch.randn(8)
+            mine, theirs = x.clone(), x.clone()
+            out = m(mine, b)
+            ref = M()(theirs, b)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(mine, theirs)   # the input written back
+        assert m.plan_for(torch.randn(6, 8), torch.randn(8)) == "bucket rows=6"
+    finally:
+        m.close()
