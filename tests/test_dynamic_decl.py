@@ -258,7 +258,8 @@ def _v2_manifest():
     g = lambda i: contract.Graph(f"plans/{i}/graph.so", f"plans/{i}/graph.cpp", f"ascpack_000000000{i}", 1, (), {})  # noqa: E731
     members = {n: contract.Member(0, "0" * 64) for n in ("weights.bin", *(f"plans/{i}/graph.{e}" for i in range(2)
                                                                           for e in ("so", "cpp")))}
-    dyn = contract.Dynamic((contract.DynDim("batch", 1, 8),), contract.BatchDims("batch", (0,), (0,)),
+    dyn = contract.Dynamic((contract.DynDim("batch", 1, 8),), (("batch", None),), (("batch", None),), ((2,),),
+                           contract.BatchDims("batch", (0,), (0,)),
                            (contract.Plan("bucket", {"batch": 2}, g(0), (), ()), contract.Plan("generic", None, g(1), (), ())))
     return contract.Manifest(
         format_version=2, producer=contract.Producer("ascendc-pack", "0"), model_name="m", backend="cpu",
@@ -294,7 +295,12 @@ def test_version_2_manifest_round_trips_and_refuses_inconsistencies():
            ({"dynamic": {**doc["dynamic"], "batch": {"dim": "batch", "inputs": [0], "outputs": [1]}}},
             "lists [1], whose dim 0 is not 'batch'"),
            ({"inputs": [{"name": "x", "shape": ["seq", 4], "dtype": "float32"}]},
-            "not an integer in [0, 2**48) or one of the declared dims ['batch']")]
+            "not an integer in [0, 2**48) or one of the declared dims ['batch']"),
+           ({"dynamic": {**doc["dynamic"], "buckets": [[3]]}}, "is [[3]], the buckets' plans have [[2]]"),
+           ({"dynamic": {**doc["dynamic"], "inputs": [[None, None]]}},
+            "field 'dynamic.inputs[0]' is [None, None], not the dims of inputs[0].shape ['batch', 4]"),
+           ({"dynamic": {**doc["dynamic"], "outputs": [["seq", None]]}}, "names dims ['seq'] that are not declared"),
+           ({"dynamic": {**doc["dynamic"], "inputs": []}}, "has 0 entries, the bundle has 1 inputs")]
     for patch, problem in bad:
         with pytest.raises(ManifestFieldError) as e:
             contract.Manifest.from_json({**doc, **patch})

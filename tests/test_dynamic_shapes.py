@@ -37,6 +37,9 @@ def test_bundle_records_dims_buckets_and_plans(encoder):
     assert m.format_version == 2 and m.graph is None
     assert [(d.name, d.min, d.max) for d in m.dynamic.dims] == [("batch", 1, 16), ("seq", 4, 64)]
     assert m.dynamic.batch.dim == "batch" and m.dynamic.batch.inputs == (0, 1) and m.dynamic.batch.outputs == (0,)
+    # per input and output the dynamic dim of each dim, and the buckets' sizes (what serving reads)
+    assert m.dynamic.inputs == (("batch", "seq", None), ("batch", "seq")) and m.dynamic.outputs == (("batch", "seq", None),)
+    assert m.dynamic.buckets == ((2, 16), (1, 8), (4, 32))
     assert [p.label() for p in m.dynamic.plans] == ["bucket batch=2 seq=16", "bucket batch=1 seq=8",
                                                     "bucket batch=4 seq=32", "generic"]
     assert [s.shape for s in m.inputs] == [("batch", "seq", 32), ("batch", "seq")]

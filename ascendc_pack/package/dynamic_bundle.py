@@ -181,15 +181,17 @@ def _manifest(model: ModelProgram, decl: DynamicShapes, config: BuildConfig, wei
         shape = tuple(d if d is not None else int(s) for d, s in zip(declared, spec.shape))
         dynamic = any(d is not None for d in declared)
         inputs.append(contract.IOSpec(n, shape, spec.dtype, None if dynamic else tuple(spec.stride)))
-    out_dims = [tuple(str(s) if is_symbolic(s) else None for s in p.values[o].shape) for o in model.user_outputs]
+    out_dims = [tuple(s.name if getattr(s, "is_Symbol", False) else None for s in p.values[o].shape)
+                for o in model.user_outputs]
     lead = decl.batch_dim(out_dims)
+    buckets = tuple(tuple(pl.sizes[d.name] for d in decl.dims) for pl in plans if pl.sizes is not None)
     batch = contract.BatchDims(lead, tuple(range(len(inputs))), tuple(range(len(outputs)))) if lead else None
     return contract.Manifest(
         format_version=FORMAT_VERSION_DYNAMIC, **manifest_common(model, config), inputs=tuple(inputs),
         outputs=tuple(outputs), weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)), graph=None,
         kernels=tuple(kernels), members=members,
-        dynamic=contract.Dynamic(tuple(contract.DynDim(d.name, d.min, d.max) for d in decl.dims), batch,
-                                 tuple(plans)),
+        dynamic=contract.Dynamic(tuple(contract.DynDim(d.name, d.min, d.max) for d in decl.dims), decl.inputs,
+                                 tuple(out_dims), buckets, batch, tuple(plans)),
     ).validate()
 
 

@@ -500,6 +500,16 @@ class Manifest:
             if missing:
                 raise field_error(f"dynamic.plans[{i}].kernels", f"names kernels {missing[:3]} that 'kernels' "
                                                                  "does not list")
+        names = {d.name for d in self.dynamic.dims}
+        for key, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
+            decls = getattr(self.dynamic, key)
+            if len(decls) != len(specs):
+                raise field_error(f"dynamic.{key}", f"has {len(decls)} entries, the bundle has {len(specs)} {key}")
+            for i, (decl, spec) in enumerate(zip(decls, specs)):
+                if len(decl) != len(spec.shape) or any(d != n if n is not None else d in names
+                                                       for d, n in zip(spec.shape, decl)):
+                    raise field_error(f"dynamic.{key}[{i}]", f"is {list(decl)}, not the dims of {key}[{i}].shape "
+                                                             f"{list(spec.shape)}")
         if self.dynamic.batch is not None:
             b = self.dynamic.batch
             for key, specs, idx in (("inputs", self.inputs, b.inputs), ("outputs", self.outputs, b.outputs)):

@@ -143,12 +143,28 @@ class Plan:
         return f"{self.kind} " + " ".join(f"{k}={v}" for k, v in self.sizes.items())
 
 
+def _decls(f: Fields, key: str) -> tuple:
+    """Per tensor, per dim: the name of its dynamic dim, or null."""
+    out = []
+    for v, w in f.list(key):
+        if not isinstance(v, list) or not all(x is None or (isinstance(x, str) and DIM_NAME_RE.fullmatch(x))
+                                              for x in v):
+            raise field_error(w, f"is {show(v)}, not a list with a dim name or null per dim")
+        out.append(tuple(v))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Dynamic:
-    """The dynamic dims, the batch dims (None: no dim forms a batch) and the plans (the buckets,
-    then at most one generic plan)."""
+    """The dynamic dims; ``inputs`` / ``outputs``: per model input and flat output, per dim, the
+    name of the dynamic dim it is (null: static, or a size that is no single dim); ``buckets``:
+    the sizes of the dims (in ``dims`` order) each bucket was tuned for; the batch dims (None: no
+    dim forms a batch); the plans (the buckets in ``buckets`` order, then at most one generic plan)."""
 
     dims: tuple[DynDim, ...]
+    inputs: tuple[tuple[str | None, ...], ...]
+    outputs: tuple[tuple[str | None, ...], ...]
+    buckets: tuple[tuple[int, ...], ...]
     batch: BatchDims | None
     plans: tuple[Plan, ...]
 
@@ -158,11 +174,14 @@ class Dynamic:
         dims = tuple(DynDim.from_json(v, w) for v, w in f.list("dims"))
         if not dims:
             raise field_error(f.path("dims"), "is empty; a dynamic bundle declares at least one dim")
+        buckets = tuple(tuple(b) for b in f.get("buckets", lambda v: isinstance(v, list) and all(
+            isinstance(b, list) and all(is_int(n) and 1 <= n < MAX_DIM for n in b) for b in v),
+            "a list of size lists (one size per dim)"))
         batch = BatchDims.from_json(f.d["batch"], f.path("batch")) if f.d.get("batch") is not None else None
         if "batch" not in f.d:
             raise field_error(f.path("batch"), "is missing (null when no dim forms a batch)")
         plans = tuple(Plan.from_json(v, w) for v, w in f.list("plans"))
-        return Dynamic(dims, batch, plans).check(where)
+        return Dynamic(dims, _decls(f, "inputs"), _decls(f, "outputs"), buckets, batch, plans).check(where)
 
     def check(self, where: str = "dynamic") -> Dynamic:
         """Cross-field rules: dim names distinct, bucket sizes in range and distinct, one generic
@@ -170,6 +189,10 @@ class Dynamic:
         names = [d.name for d in self.dims]
         if len(set(names)) != len(names):
             raise field_error(f"{where}.dims", f"names a dim twice ({names})")
+        for key in ("inputs", "outputs"):
+            unknown = sorted({n for decl in getattr(self, key) for n in decl if n is not None} - set(names))
+            if unknown:
+                raise field_error(f"{where}.{key}", f"names dims {unknown} that are not declared ({names})")
         if not self.plans:
             raise field_error(f"{where}.plans", "is empty")
         ranges = {d.name: d for d in self.dims}
@@ -189,12 +212,17 @@ class Dynamic:
             if key in seen:
                 raise field_error(f"{w}.sizes", f"repeats bucket {dict(p.sizes)}")
             seen.add(key)
+        sizes = [tuple(p.sizes.get(n) for n in names) for p in self.plans if p.sizes is not None]
+        if list(self.buckets) != sizes:
+            raise field_error(f"{where}.buckets", f"is {[list(b) for b in self.buckets]}, the buckets' plans have "
+                                                  f"{[list(b) for b in sizes]}")
         if self.batch is not None and self.batch.dim not in ranges:
             raise field_error(f"{where}.batch.dim", f"is {self.batch.dim!r}, not a declared dim ({names})")
         return self
 
     def to_json(self) -> dict:
-        return {"dims": [d.to_json() for d in self.dims],
+        return {"dims": [d.to_json() for d in self.dims], "inputs": [list(d) for d in self.inputs],
+                "outputs": [list(d) for d in self.outputs], "buckets": [list(b) for b in self.buckets],
                 "batch": self.batch.to_json() if self.batch is not None else None,
                 "plans": [p.to_json() for p in self.plans]}
 
