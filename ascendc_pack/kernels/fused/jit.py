@@ -18,7 +18,6 @@ calls the same two functions per launch.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -146,15 +145,6 @@ def _product(xs):
     return out
 
 
-
-
-@dataclass(frozen=True)
-class JitBuild:
-    """A jit kernel's build: its name, spec, candidate and source (one per kernel)."""
-
-    spec: KernelSpec
-    candidate: Candidate
-    source: str
 
 
 def jit_builds(specs: list[KernelSpec], config: BuildConfig, backend) -> list[KernelBuild]:
