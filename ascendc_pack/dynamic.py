@@ -38,15 +38,18 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
                   cores: int | None = None, cache_dir=None, jobs: int | None = None, debug: bool | None = None,
                   march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
                   protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
-                  output_names: list[str] | None = None, tactics: bool = True) -> BuildResult:
+                  output_names: list[str] | None = None, tactics: bool = True,
+                  generic_gemm: str = "onednn") -> BuildResult:
     """Build a dynamic-shape bundle of ``model`` (see the module docstring).
 
     ``input_sets``: the example inputs then every calibration set, at one or more shapes inside
     ``decl``'s ranges (each distinct shape is a bucket); ``decl``: a
     :class:`~ascendc_pack.frontend.dynamic.DynamicShapes`, or what ``torch.export.export(...,
     dynamic_shapes=...)`` takes. The other arguments are :func:`ascendc_pack.pipeline.build`'s.
-    Returns a :class:`~ascendc_pack.pipeline.BuildResult` whose ``choices`` / ``tactics`` /
-    ``fallbacks`` merge every plan's.
+    ``generic_gemm``: how the generic plan runs its GEMMs by a weight: ``onednn`` (a weight
+    reordered at load, any row count) or ``aten`` (as captured). Returns a
+    :class:`~ascendc_pack.pipeline.BuildResult` whose ``choices`` / ``tactics`` / ``fallbacks``
+    merge every plan's.
     """
     from ascendc_pack.config import BuildConfig
     from ascendc_pack.graph.render import start_graph_runtime
@@ -74,9 +77,9 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
     buckets = group_buckets(decl, input_sets)
     # the generic plan's capture first: a model that cannot be captured with its dims dynamic fails
     # before any bucket is tuned
+    example = generic_example(decl, input_sets)
     with progress.stage("capture_generic", label="capture (dynamic shapes)"):
-        symbolic = capture_symbolic(model, generic_example(decl, input_sets), decl, name=name,
-                                    output_names=output_names)
+        symbolic = capture_symbolic(model, example, decl, name=name, output_names=output_names)
     plans, counts = [], _Counts()
     for key, sets in buckets.items():
         sizes = dict(zip((d.name for d in decl.dims), key))
@@ -89,7 +92,8 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
         counts.add(prep, pm, fallbacks)
     interpreter.result()
     generic = build_generic(symbolic, config, progress=progress,
-                            tuned={n: c for p in plans for n, c in p.choices.items()})
+                            tuned={n: c for p in plans for n, c in p.choices.items()},
+                            gemm_hint=decl.sizes_of(example) if generic_gemm == "onednn" and tactics else None)
     plans.append(generic)
     with progress.stage("bundle", label="graph compile + bundle"):
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
@@ -147,11 +151,13 @@ def generic_example(decl: DynamicShapes, input_sets) -> tuple:
                     "get_calibration_inputs(), or a bucket >= 2 with --buckets): the generic plan is captured from it")
 
 
-def build_generic(captured, config, *, progress=None, tuned: dict | None = None):
+def build_generic(captured, config, *, progress=None, tuned: dict | None = None, gemm_hint: dict | None = None):
     """The generic plan (the module docstring) of a symbolic capture
     (:func:`~ascendc_pack.frontend.capture_dynamic.capture_symbolic`): a :class:`PlanBuild` of kind
     ``generic``. ``tuned``: kernel choices of the buckets by kernel name (a static kernel of the
-    generic program that a bucket tuned keeps that choice)."""
+    generic program that a bucket tuned keeps that choice). ``gemm_hint``: the dims' sizes the
+    GEMMs' weights are reordered for (:mod:`ascendc_pack.tactics.dynamic_linear`); None: the
+    GEMMs stay ATen calls."""
     from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.frontend.capture import Captured
     from ascendc_pack.ir.program import Program
@@ -163,6 +169,7 @@ def build_generic(captured, config, *, progress=None, tuned: dict | None = None)
     from ascendc_pack.passes.fold import fold_constants
     from ascendc_pack.passes.fuse import fuse
     from ascendc_pack.progress import Progress
+    from ascendc_pack.tactics.dynamic_linear import onednn_linears
     from ascendc_pack.tune.python_mode import inline_kernels
 
     progress = progress or Progress(enabled=False)
@@ -170,6 +177,10 @@ def build_generic(captured, config, *, progress=None, tuned: dict | None = None)
     with progress.stage("fuse_generic", label="fuse (generic plan)"):
         folded = fold_constants(captured.model, captured.weights)
         captured = Captured(elide_copies(folded.model), folded.weights)
+        if gemm_hint is not None and backend.name == "cpu":
+            model, n = onednn_linears(captured.model, _rows_hint(captured.model, gemm_hint))
+            log.info("generic plan: %d GEMM(s) by a weight run oneDNN linear on a weight reordered at load", n)
+            captured = Captured(model, captured.weights)
         fused = fuse(captured.model)
     steps = {s.name: s for s in fused.program.fused_steps()}
     jit = [s.kernel for s in steps.values() if is_jit(s.kernel)]
@@ -194,6 +205,19 @@ def build_generic(captured, config, *, progress=None, tuned: dict | None = None)
     choices = {n: c for n, c in choices.items() if n not in failed}
     jit_dims = {s.name: tuple(spec_dims(s.kernel)) for s in fused.program.fused_steps() if is_jit(s.kernel)}
     return PlanBuild("generic", None, fused, captured.weights, choices, {}, jit_dims)
+
+
+def _rows_hint(model, sizes: dict) -> int:
+    """The row count of the program's first GEMM at ``sizes`` (what its weights are reordered for)."""
+    from ascendc_pack.ir.program import AtenStep
+    from ascendc_pack.ir.symbolic import evaluate, is_symbolic
+
+    for s in model.program.steps:
+        if isinstance(s, AtenStep) and s.op in ("aten.addmm.default", "aten.mm.default"):
+            rows = model.program.values[s.outputs[0]].shape[0]
+            if is_symbolic(rows):
+                return evaluate(rows, sizes)
+    return 1
 
 
 def _verify(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:
