@@ -277,8 +277,8 @@ def update_section(path: Path, model: str, lines: list[str]) -> None:
     path.write_text(head + marker + body)
 
 
-INTRO = """One dynamic bundle (a tuned static plan per bucket + the generic plan: jit kernels, ATen GEMMs and
-attention) against, per shape, a static bundle built and tuned for exactly that shape, ONNX Runtime
+INTRO = """One dynamic bundle (a tuned static plan per bucket + the generic plan: jit kernels, oneDNN linear,
+ATen attention) against, per shape, a static bundle built and tuned for exactly that shape, ONNX Runtime
 with dynamic axes (one model for every shape, spinning off), eager and `torch.compile(dynamic=True)`.
 Medians of interleaved rounds; the ratios are medians of per-round ratios. Written by
 `bench/dynamic_bench.py --markdown docs/PERFORMANCE.md` (`bench/run_all.py` keeps this section)."""

@@ -48,6 +48,10 @@ def test_bundle_records_dims_buckets_and_plans(encoder):
     generic = m.dynamic.plans[-1]
     jit = [kernels[k] for k in generic.kernels]
     assert jit and all(k.tiling_repr == "lanes=16;sched=jit" for k in jit)
+    # its GEMMs by a weight are oneDNN linear (a weight reordered at load), its attention ATen's
+    assert generic.graph.memory["steps"]["tactic"] == 4 == generic.graph.memory["steps"]["tactic_load"]
+    assert "aten.addmm.default" not in generic.graph.aten_ops
+    assert generic.graph.aten_ops["aten.scaled_dot_product_attention.default"] == 1
     for p in m.dynamic.plans[:-1]:   # every bucket tuned by PGO as a static build: candidates timed
         ks = [kernels[k] for k in p.kernels]
         assert ks and all(not k.tiling_repr.endswith("sched=jit") for k in ks)
