@@ -19,9 +19,10 @@ from ascendc_pack.frontend.capture import Captured, capture  # noqa: E402
 from ascendc_pack.errors import CaptureError, CompileError, ConfigError, ModelFileError, PackError  # noqa: E402
 from ascendc_pack.frontend.loader import LoadedModel, load_model_file  # noqa: E402
 from ascendc_pack.pipeline import BuildResult, build, build_file, compile  # noqa: E402
+from ascendc_pack.dynamic import build_dynamic  # noqa: E402
 from ascendc_pack.ir.program import ModelProgram, Program  # noqa: E402
 
 __all__ = [
-    "__version__", "build", "build_file", "compile", "BuildResult", "capture", "Captured", "load_model_file", "LoadedModel", "ModelProgram",
+    "__version__", "build", "build_dynamic", "build_file", "compile", "BuildResult", "capture", "Captured", "load_model_file", "LoadedModel", "ModelProgram",
     "Program", "PackError", "ModelFileError", "ConfigError", "CaptureError", "CompileError",
 ]

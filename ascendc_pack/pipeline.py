@@ -40,10 +40,16 @@ def check_reference(loaded: LoadedModel, captured: Captured, atol: float | None 
     Returns one report line per input set; raises PackError on the first mismatch.
     """
     mp = captured.model
-    checks = check_against_eager(loaded.module, loaded.all_input_sets,
-                                 lambda *xs: run_model(mp, captured.weights, xs),
+    shapes = lambda inputs: [tuple(t.shape) for t in inputs]  # noqa: E731
+    # a model with dynamic dims is captured at its example's shape: the other buckets are checked
+    # by the build (each captured at its own shape, and the generic plan at every input set)
+    sets = [s for s in loaded.all_input_sets if shapes(s) == shapes(loaded.example_inputs)]
+    checks = check_against_eager(loaded.module, sets, lambda *xs: run_model(mp, captured.weights, xs),
                                  names=mp.output_names, atol=atol, rtol=rtol)
     lines = []
+    if len(sets) < len(loaded.all_input_sets):
+        lines.append(f"{len(loaded.all_input_sets) - len(sets)} input set(s) of other shapes (dynamic dims) not "
+                     "checked here: `ascendc-pack build` checks every bucket and the generic plan")
     for c in checks:
         if not c.ok:
             raise PackError(f"reference executor does not match eager on {c.label}: {c.problem}. "
@@ -280,13 +286,11 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
     """
-    from ascendc_pack.autotune.protocol import Protocol
-    from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.package.bundle import build_bundle
     from ascendc_pack.config import BuildConfig
     from ascendc_pack.progress import Progress
     from ascendc_pack.graph.render import start_graph_runtime
-    from ascendc_pack.tune.python_mode import PythonModeModule, inline_kernels
+    from ascendc_pack.tune.python_mode import inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
                                  backend=backend)
@@ -304,16 +308,10 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
         interpreter.result()
 
     input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
-    prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
-                   input_sets=input_sets, protocol=protocol, tactics=tactics, before_tuning=wait_for_interpreter)
-    wait_for_interpreter()
-    captured, fused, kernels = prep.captured, prep.fused, prep.kernels
-    pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
-                          backend=get_backend(config.backend))
-    with pm, progress.stage("tune", total=pm.pending()) as st:
-        pm.log_progress = lambda _: st.advance()
-        for inputs in () if _reach_without_running(pm, fused, input_sets) else input_sets:
-            pm(*_clone(inputs))
+    prep, pm = prepare_and_tune(model, example_inputs, input_sets, config=config, name=name, progress=progress,
+                                output_names=output_names, protocol=protocol, tactics=tactics,
+                                before_tuning=wait_for_interpreter)
+    captured, fused = prep.captured, prep.fused
     choices, fallbacks = pm.choices(), pm.fallbacks()
     # the graph engineer's render stage will report graph compile progress itself; until then the
     # whole bundle stage shows its elapsed time and the graph compile's share is split off after
@@ -342,6 +340,28 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                        tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified)
 
 
+def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, config, name: str, progress,
+                     output_names=None, protocol=None, tactics: bool = True, before_tuning=None):
+    """:func:`prepare` then PGO of the fused kernels on ``input_sets`` (stage ``tune``):
+    ``(Prepared, PythonModeModule)``; the module's ``choices()`` / ``fallbacks()`` are the outcome.
+    ``before_tuning`` runs before anything is timed (and once more before the kernels are)."""
+    from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.tune.python_mode import PythonModeModule
+
+    prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
+                   input_sets=input_sets, protocol=protocol, tactics=tactics, before_tuning=before_tuning)
+    if before_tuning is not None:
+        before_tuning()
+    pm = PythonModeModule(prep.fused, prep.captured.weights, prep.kernels, protocol or Protocol(),
+                          backend=get_backend(config.backend))
+    with pm, progress.stage("tune", total=pm.pending()) as st:
+        pm.log_progress = lambda _: st.advance()
+        for inputs in () if _reach_without_running(pm, prep.fused, input_sets) else input_sets:
+            pm(*_clone(inputs))
+    return prep, pm
+
+
 def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, remove_on_error: bool, rewrite):
     """The ``call_threads`` record of a tuned CPU build on 2+ cores (:mod:`.call_threads`), with
     the bundle rewritten by ``rewrite(record)``; else None. A bundle that does not load is a
@@ -367,10 +387,12 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
             raise
 
 
-def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol, random: list[str] = ()) -> list:
+def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol, random: list[str] = (),
+                   also=None) -> list:
     """Load the staged bundle with the runtime, compare it with eager, then move it to ``out``;
     on a mismatch (or a load failure) delete it and raise VerificationError (``random``: the
-    program's random-number ops, which explain a mismatch)."""
+    program's random-number ops, which explain a mismatch). ``also(model)``: more checks of the
+    loaded model (a dynamic bundle's generic plan)."""
     import ascendc_pack_runtime as rt
 
     try:
@@ -380,6 +402,8 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
             raise VerificationError(f"the new bundle does not load: {exc}") from None
         try:
             checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol)
+            if also is not None:
+                checks += also(model)
         finally:
             model.close()
         bad = [c for c in checks if not c.ok]
@@ -402,14 +426,18 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
 
 
 def build_file(model_file, **kwargs) -> BuildResult:
-    """:func:`build` for a model.py file (its calibration inputs included). Loading the file (the
-    user's imports, the model's construction) is the build's first stage, ``load``."""
+    """:func:`build` for a model.py file (its calibration inputs included), or for a
+    :class:`LoadedModel` already loaded. Loading the file (the user's imports, the model's
+    construction) is the build's first stage, ``load``."""
     from ascendc_pack.progress import Progress
 
     progress = kwargs.pop("progress", False)
     progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
-    with progress.stage("load", label="load model file"):
-        loaded = load_model_file(model_file)
+    if isinstance(model_file, LoadedModel):
+        loaded = model_file
+    else:
+        with progress.stage("load", label="load model file"):
+            loaded = load_model_file(model_file)
     kwargs["progress"] = progress
     kwargs.setdefault("output", Path(f"{loaded.name}.ascpack"))
     kwargs.setdefault("output_names", loaded.output_names)

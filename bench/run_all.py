@@ -223,6 +223,9 @@ def model_section(r: dict, topn: int) -> list[str]:
     return L
 
 
+DYNAMIC_SECTION = "## Dynamic shapes"
+
+
 def write_report(results: list[dict], machine: dict, args, started: str, seconds: float, out: Path,
                  chart_path: Path | None, load_end) -> None:
     topn = args.topn
@@ -245,7 +248,10 @@ def write_report(results: list[dict], machine: dict, args, started: str, seconds
     L += ["## Models", ""]
     for r in results:
         L += model_section(r, topn)
-    out.write_text("\n".join(L).rstrip() + "\n")
+    # bench/dynamic_bench.py's section (its own runs) is kept as it is
+    kept = out.read_text() if out.exists() else ""
+    tail = kept[kept.index(DYNAMIC_SECTION):] if DYNAMIC_SECTION in kept else ""
+    out.write_text("\n".join(L).rstrip() + "\n" + ("\n" + tail if tail else ""))
 
 
 def main(argv=None) -> None:

@@ -18,6 +18,7 @@ import zstandard
 
 import ascendc_pack_runtime as rt
 from ascendc_pack.config import BuildConfig
+from ascendc_pack_runtime.constants import FORMAT_VERSION_DYNAMIC
 from ascendc_pack_runtime.host import host_cpu_flags
 
 from . import bundle_fixtures
@@ -174,7 +175,8 @@ def corpus(valid: Path) -> list[Case]:
         p.prefix, p.members = [p.members[0]], p.members[1:]
     add("manifest_not_first", edited(manifest_not_first), rt.NotABundleError)
     add("format_name", edited(lambda p: p.manifest.update(format="zip")), rt.FormatNameError)
-    add("format_version_newer", edited(lambda p: p.manifest.update(format_version=2)), rt.FormatVersionError)
+    add("format_version_newer", edited(lambda p: p.manifest.update(format_version=FORMAT_VERSION_DYNAMIC + 1)),
+        rt.FormatVersionError)
     add("format_version_older", edited(lambda p: p.manifest.update(format_version=0)), rt.FormatVersionError)
     add("format_version_text", edited(lambda p: p.manifest.update(format_version="1")), rt.FormatVersionError)
     add("manifest_truncated_json", edited(set_manifest_bytes(b'{"format": "ascpack", "format_version": 1,')),

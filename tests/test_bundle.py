@@ -393,7 +393,7 @@ def test_not_a_bundle_and_bad_manifest_are_refused(built, tmp_path):
     src = built["add_sum"].bundle
 
     def newer(m, ms):
-        m["format_version"] = 2
+        m["format_version"] = 3   # 2 is a dynamic bundle (FORMAT_VERSION_DYNAMIC)
 
     def other(m, ms):
         m["format"] = "zip"

@@ -1,4 +1,4 @@
-"""torch.compile(backend="ascendc_pack") (docs/DESIGN.md §2.10): the entry point, graph breaks,
+"""torch.compile(backend="ascendc_pack") (docs/DESIGN.md §2.11): the entry point, graph breaks,
 recompiles, weights that change, fallbacks, training graphs, modes and options, reset, and a
 second process that compiles and profiles nothing (counted)."""
 

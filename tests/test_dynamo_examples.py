@@ -1,4 +1,4 @@
-"""torch.compile(backend="ascendc_pack") on every example model (docs/DESIGN.md §2.10): one
+"""torch.compile(backend="ascendc_pack") on every example model (docs/DESIGN.md §2.11): one
 compiled graph each, no fallback, running its C++ graph after the first call, outputs (and
 in-place input updates) equal to eager's on the example and calibration inputs (both sides of
 ``cond_model``'s ``torch.cond``)."""

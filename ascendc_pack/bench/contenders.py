@@ -8,7 +8,7 @@ eager              the model file's module, ``torch.no_grad``
 compile            ``torch.compile(module)`` (Inductor, default mode); its build is the first call
 compile_freeze     ``torch.compile(module, options={"freezing": True})``: weights constant-folded
 compile_ascendc    ``torch.compile(module, backend="ascendc_pack", options={"topn": N})``: our pipeline
-                   behind dynamo (docs/DESIGN.md §2.10; its C++ graph after the first call), its own
+                   behind dynamo (docs/DESIGN.md §2.11; its C++ graph after the first call), its own
                    empty cache; its build is the first call (compile + PGO + graph); not a peer of the
                    bundles (the same kernels: its ratio is what dynamo and the call path cost)
 aoti               ``torch.export`` -> ``aoti_compile_and_package`` -> ``.pt2`` -> ``aoti_load_package``

@@ -105,15 +105,19 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
 @click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance of the eager comparison (default: per dtype).")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance of the eager comparison (default: per dtype).")
 @click.option("--sign-key", default=None, type=click.Path(dir_okay=False), help="Sign the bundle with this ed25519 key (ascendc-pack keygen).")
+@click.option("--dynamic-batch", default=None, metavar="MIN:MAX",
+              help="Dim 0 of every input is a dynamic batch in [MIN, MAX] (a model file may instead declare its dynamic dims with get_dynamic_shapes()).")
+@click.option("--buckets", default=None, metavar="B1,B2,...",
+              help="With --dynamic-batch: batch sizes to build and tune a static plan for (default: the example's); other sizes run the generic plan.")
 def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, cann, debug, verify, atol, rtol,
-          sign_key):
+          sign_key, dynamic_batch, buckets):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
     stops the build cleanly (exit 130): the bundle is not written, finished kernels stay cached.
     """
     from ascendc_pack.backends.registry import backend_key, check_backend_name, get_backend
-    from ascendc_pack.pipeline import build_file
+    from ascendc_pack.dynamic import build_file
 
     try:
         t0 = time.perf_counter()
@@ -129,7 +133,7 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
             get_backend(check_backend_name(backend, "--backend"))  # fails now, before the model is loaded
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
                             jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
-                            verify=verify, atol=atol, rtol=rtol)
+                            verify=verify, atol=atol, rtol=rtol, dynamic_batch=dynamic_batch, buckets=buckets)
     except PackError as exc:
         _fail(exc)
         return

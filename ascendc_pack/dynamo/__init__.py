@@ -1,5 +1,5 @@
 """``torch.compile(model, backend="ascendc_pack")``: the pipeline as a dynamo backend
-(docs/DESIGN.md §2.10).
+(docs/DESIGN.md §2.11).
 
 :data:`backend` is registered under the name ``ascendc_pack`` by the ``torch_dynamo_backends``
 entry point; ``options={...}`` takes ``topn``, ``cores``, ``cache_dir``, ``backend``, ``jobs``,

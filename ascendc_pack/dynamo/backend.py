@@ -1,4 +1,4 @@
-"""The dynamo backend ``ascendc_pack`` (docs/DESIGN.md §2.10).
+"""The dynamo backend ``ascendc_pack`` (docs/DESIGN.md §2.11).
 
 Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), so after ``pip
 install`` ``torch.compile(model, backend="ascendc_pack")`` finds it with no import of ours.

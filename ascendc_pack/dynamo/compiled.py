@@ -1,4 +1,4 @@
-"""One dynamo graph compiled by the pipeline (docs/DESIGN.md §2.10).
+"""One dynamo graph compiled by the pipeline (docs/DESIGN.md §2.11).
 
 A :class:`CompiledGraph` is what the backend returns to dynamo. It holds one
 :class:`Specialization` per set of static shapes: a static graph has one, made when dynamo

@@ -1,4 +1,4 @@
-"""Dynamo's FX graph as a module the pipeline can capture (docs/DESIGN.md §2.10).
+"""Dynamo's FX graph as a module the pipeline can capture (docs/DESIGN.md §2.11).
 
 Dynamo hands a backend a ``torch.fx.GraphModule`` whose inputs are, in one flat list, the
 user's tensors, the parameters and buffers of the ``nn.Module``s it inlined, and (for dynamic

@@ -1,5 +1,5 @@
 """After its first call, a specialization runs through the C++ graph, as a bundle does
-(docs/DESIGN.md §2.10).
+(docs/DESIGN.md §2.11).
 
 Python mode dispatches every step from Python (tens of microseconds a step); once the first call
 has tuned every kernel, the program, the winners and the weights are rendered and compiled into

@@ -1,5 +1,5 @@
 """``torch.compile(backend="ascendc_pack", mode=..., options={...})`` into a
-:class:`~ascendc_pack.config.BuildConfig` (docs/DESIGN.md §2.10).
+:class:`~ascendc_pack.config.BuildConfig` (docs/DESIGN.md §2.11).
 
 ``options`` takes the CLI's settings by their API names (``topn``, ``cores``, ``cache_dir``,
 ``backend``, ``jobs``, ``debug``, ``march``) and resolves them exactly as the CLI does

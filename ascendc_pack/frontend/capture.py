@@ -69,23 +69,30 @@ def decomposition_table() -> dict:
 
 
 def capture(module: torch.nn.Module, example_inputs: tuple, name: str = "model",
-            output_names: list[str] | None = None) -> Captured:
+            output_names: list[str] | None = None, dynamic_shapes=None, sizes=None, keep_ops=()) -> Captured:
     """Export ``module`` on ``example_inputs`` and return its decomposed Program and weights.
 
     ``output_names`` (one per output tensor) replaces the names derived from the output
-    structure (dict keys, namedtuple fields, ``output_<i>``).
+    structure (dict keys, namedtuple fields, ``output_<i>``). ``dynamic_shapes`` (torch.export's
+    argument) and ``sizes`` (a function of the exported program returning the converter of its
+    symbolic sizes, :func:`ascendc_pack.frontend.capture_dynamic.symbolic_sizes`) capture a
+    generic plan: shapes, strides and size arguments are expressions over the dynamic dims.
+    ``keep_ops``: composite ops left undecomposed (one ATen call each).
 
     Raises:
         CaptureError: torch.export failed, or the graph holds something we cannot represent.
     """
     module.eval()
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-    ep = _export(module, tuple(example_inputs), name)
+    ep = _export(module, tuple(example_inputs), name, dynamic_shapes)
+    table = decomposition_table()
+    for op in keep_ops:
+        table.pop(op, None)
     try:
-        ep = ep.run_decompositions(decomposition_table())
+        ep = ep.run_decompositions(table)
     except Exception as exc:
         raise CaptureError(f"decomposing model {name!r} failed: {type(exc).__name__}: {exc}") from exc
-    return _from_exported(ep, name, output_names)
+    return _from_exported(ep, name, output_names, sizes(ep) if sizes is not None else None)
 
 
 def random_ops(program: Program) -> list[str]:
@@ -105,7 +112,7 @@ _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)')
 _TORCH_DETAIL_CHARS = 1500
 
 
-def _export(module: torch.nn.Module, example_inputs: tuple, name: str) -> ExportedProgram:
+def _export(module: torch.nn.Module, example_inputs: tuple, name: str, dynamic_shapes=None) -> ExportedProgram:
     """torch.export with torch's failure noise held back: on failure torch prints the partial
     graph to stderr (~40 lines) before raising; our message leads with the fix instead."""
     noise = io.StringIO()
@@ -114,7 +121,7 @@ def _export(module: torch.nn.Module, example_inputs: tuple, name: str) -> Export
     shapes_log.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stderr(noise):
-            ep = torch.export.export(module, example_inputs, strict=False)
+            ep = torch.export.export(module, example_inputs, strict=False, dynamic_shapes=dynamic_shapes)
     except Exception as exc:
         raise CaptureError(_export_failure(name, exc)) from exc
     finally:
@@ -136,10 +143,11 @@ def _export_failure(name: str, exc: Exception) -> str:
                 "sides are captured (see examples/cond_model.py), or compute the condition without "
                 "reading tensor values.\n--- torch.export said ---\n" + detail.splitlines()[0])
     return (f"torch.export could not capture model {name!r}{where}. The model must be exportable with "
-            f"static shapes.\n--- torch.export said ---\n{detail}")
+            f"static shapes (and, declaring dynamic dims, with those dims dynamic over their whole range)."
+            f"\n--- torch.export said ---\n{detail}")
 
 
-def _from_exported(ep: ExportedProgram, name: str, output_names: list[str] | None) -> Captured:
+def _from_exported(ep: ExportedProgram, name: str, output_names: list[str] | None, sizes=None) -> Captured:
     sig = ep.graph_signature
     weights: dict[str, torch.Tensor] = {}
     weight_names, weight_fqns, user_inputs = [], {}, []
@@ -157,7 +165,7 @@ def _from_exported(ep: ExportedProgram, name: str, output_names: list[str] | Non
         else:
             raise CaptureError(f"model {name!r} has an input of kind {spec.kind.name} "
                                f"({arg_name}); only tensors, parameters and buffers are supported")
-    program = _convert_graph(ep.graph_module, ep.graph_module.graph)
+    program = _convert_graph(ep.graph_module, ep.graph_module.graph, sizes)
     mutations, user_outputs = {}, []
     for spec, out_name in zip(sig.output_specs, program.outputs):
         if spec.kind == OutputKind.USER_INPUT_MUTATION:
@@ -190,9 +198,12 @@ def _from_exported(ep: ExportedProgram, name: str, output_names: list[str] | Non
     return Captured(model=mp, weights=weights)
 
 
-def _spec(val) -> TensorSpec:
+def _spec(val, sizes=None) -> TensorSpec:
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"graph value {val!r} is not a tensor; only static-shape tensor graphs are supported")
+    if sizes is not None:  # a generic plan: sizes are expressions over the dynamic dims
+        return TensorSpec(tuple(sizes(s) for s in val.shape), str(val.dtype).removeprefix("torch."),
+                          tuple(sizes(s) for s in val.stride()))
     try:
         return TensorSpec(tuple(int(s) for s in val.shape), str(val.dtype).removeprefix("torch."),
                           tuple(int(s) for s in val.stride()))
@@ -200,12 +211,14 @@ def _spec(val) -> TensorSpec:
         raise CaptureError("the graph has dynamic (symbolic) shapes; shapes must be static") from exc
 
 
-def _convert_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> Program:
+def _convert_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph, sizes=None) -> Program:
     values: dict[str, TensorSpec] = {}
     inputs, steps, outputs = [], [], []
     multi_outputs: dict[str, list] = {}  # name of a tuple-returning node -> its output list
 
     def arg(a):
+        if isinstance(a, torch.fx.Node) and sizes is not None and isinstance(a.meta.get("val"), torch.SymInt):
+            return sizes(a.meta["val"])  # a size computed from the input shapes: its expression
         if isinstance(a, torch.fx.Node):
             if a.name in multi_outputs:
                 raise CaptureError(f"tuple value {a.name} used directly; expected getitem")
@@ -215,19 +228,21 @@ def _convert_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> Program:
         return a
 
     for node in graph.nodes:
+        if sizes is not None and node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt):
+            continue  # sym_size / arithmetic on sizes: its users read the expression
         if node.op == "placeholder":
             inputs.append(node.name)
-            values[node.name] = _spec(node.meta["val"])
+            values[node.name] = _spec(node.meta["val"], sizes)
         elif node.op == "get_attr":
             continue  # cond branch graph modules; read at the cond node
         elif node.op == "call_function" and node.target is operator.getitem:
             src, idx = node.args
             multi_outputs[src.name][idx] = node.name
-            values[node.name] = _spec(node.meta["val"])
+            values[node.name] = _spec(node.meta["val"], sizes)
         elif node.op == "call_function" and node.target is torch.ops.higher_order.cond:
             pred, true_gm, false_gm, operands = node.args[:4]
-            then_p = _convert_graph(getattr(gm, true_gm.target), getattr(gm, true_gm.target).graph)
-            else_p = _convert_graph(getattr(gm, false_gm.target), getattr(gm, false_gm.target).graph)
+            then_p = _convert_graph(getattr(gm, true_gm.target), getattr(gm, true_gm.target).graph, sizes)
+            else_p = _convert_graph(getattr(gm, false_gm.target), getattr(gm, false_gm.target).graph, sizes)
             outs: list = [None] * len(node.meta["val"])
             multi_outputs[node.name] = outs
             steps.append(CondStep(pred=arg(pred), then_branch=then_p, else_branch=else_p,
@@ -242,7 +257,7 @@ def _convert_graph(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> Program:
                 multi_outputs[node.name] = outs
                 steps.append(AtenStep(str(node.target), arg(list(node.args)), kwargs, outs, multi=True))
             else:
-                values[node.name] = _spec(val)
+                values[node.name] = _spec(val, sizes)
                 steps.append(AtenStep(str(node.target), arg(list(node.args)), kwargs, [node.name]))
         elif node.op == "output":
             for o in node.args[0]:

@@ -18,7 +18,7 @@ matches. The key covers everything that decides what export produces:
 * the example inputs' shapes, strides and dtypes (shapes are static), the model name and the
   output names.
 
-A root module with a ``capture_state()`` method (a dynamo graph, docs/DESIGN.md §2.10) is keyed
+A root module with a ``capture_state()`` method (a dynamo graph, docs/DESIGN.md §2.11) is keyed
 by the value it returns, fingerprinted the same way, instead of its attributes and classes.
 
 A model holding something that cannot be fingerprinted (an open file, a lock, an object with no

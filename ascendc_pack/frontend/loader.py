@@ -3,7 +3,9 @@
 A model file defines ``get_model()`` (or a module attribute ``model``) returning an
 ``nn.Module`` and ``get_example_inputs()`` (or ``example_inputs``) returning a tuple of
 tensors. It may define ``get_calibration_inputs()`` returning a list of input tuples with the
-same shapes and dtypes; PGO runs every one of them.
+same shapes and dtypes; PGO runs every one of them. With ``get_dynamic_shapes()`` (torch.export's
+``dynamic_shapes``, :mod:`ascendc_pack.frontend.dynamic`) the input sets may come at several
+shapes inside the declared ranges, each a bucket (docs/DESIGN.md §2.10).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ascendc_pack.errors import ModelFileError
+from ascendc_pack.frontend.dynamic import DynamicShapeError, DynamicShapes, forward_input_names, parse_declaration
 
 CONTRACT_HINT = (
     "a model file defines get_model() (or `model`) returning an nn.Module and "
@@ -35,6 +38,7 @@ class LoadedModel:
     example_inputs: tuple[torch.Tensor, ...]
     calibration_inputs: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
     output_names: list[str] | None = None
+    dynamic: DynamicShapes | None = None   # get_dynamic_shapes(), checked (None: static shapes)
 
     @property
     def all_input_sets(self) -> list[tuple[torch.Tensor, ...]]:
@@ -68,6 +72,15 @@ def load_model_file(path: str | Path) -> LoadedModel:
     model.eval()
     example = _check_inputs(path, _get(module, path, "get_example_inputs", "example_inputs", "example inputs"),
                             "get_example_inputs()/example_inputs")
+    dynamic = None
+    if hasattr(module, "get_dynamic_shapes"):
+        spec = _call(path, module.get_dynamic_shapes, "get_dynamic_shapes")
+        if spec is not None:
+            try:
+                dynamic = parse_declaration(spec, example, forward_input_names(model, len(example)),
+                                            f"{path}: get_dynamic_shapes()")
+            except DynamicShapeError as exc:
+                raise ModelFileError(str(exc)) from None
     calibration: list[tuple[torch.Tensor, ...]] = []
     if hasattr(module, "get_calibration_inputs"):
         sets = _call(path, module.get_calibration_inputs, "get_calibration_inputs")
@@ -79,7 +92,14 @@ def load_model_file(path: str | Path) -> LoadedModel:
         for i, inputs in enumerate(sets):
             what = f"get_calibration_inputs()[{i}]"
             checked = _check_inputs(path, inputs, what)
-            _check_same_signature(path, example, checked, what)
+            if dynamic is None:
+                _check_same_signature(path, example, checked, what)
+            else:  # another bucket: same dtypes and static dims, dynamic dims inside their ranges
+                try:
+                    dynamic.sizes_of(checked, f"{path}: {what}")
+                    dynamic.check_static_dims(example, checked, f"{path}: {what}")
+                except DynamicShapeError as exc:
+                    raise ModelFileError(str(exc)) from None
             calibration.append(checked)
     output_names = None
     if hasattr(module, "get_output_names"):
@@ -89,7 +109,7 @@ def load_model_file(path: str | Path) -> LoadedModel:
                                  "list of strings, one name per output tensor, e.g. `return [\"logits\"]`.")
         output_names = list(output_names)
     return LoadedModel(name=name, path=path, module=model, example_inputs=example,
-                       calibration_inputs=calibration, output_names=output_names)
+                       calibration_inputs=calibration, output_names=output_names, dynamic=dynamic)
 
 
 def _import_file(path: Path):
@@ -185,7 +205,8 @@ def _check_same_signature(path: Path, example, other, what: str) -> None:
         if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
             raise ModelFileError(
                 f"{path}: {what} input {i} is {_describe(b)} but example input {i} is {_describe(a)}. "
-                "Shapes are static: calibration inputs must have the example inputs' shapes and dtypes."
+                "Shapes are static: calibration inputs must have the example inputs' shapes and dtypes (or "
+                "declare the dims that vary with get_dynamic_shapes())."
             )
 
 

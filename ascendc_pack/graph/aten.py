@@ -17,6 +17,7 @@ from ascendc_pack_runtime.tensor_meta import SCALAR_TYPES, dtype_name
 from ascendc_pack.errors import PackError
 from ascendc_pack.frontend.executor import resolve_op
 from ascendc_pack.ir.program import AtenStep, Ref
+from ascendc_pack.ir.symbolic import is_symbolic
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,8 @@ def constant(value, typ) -> Const:
     if kind == "ListType":
         el = typ.getElementType().kind()
         items = list(value) if isinstance(value, (list, tuple)) else [value]
-        if el in ("IntType", "SymIntType"):
-            return Const(ConstKind.INTS, tuple(_int(int(v)) for v in items))
+        if el in ("IntType", "SymIntType"):  # a generic plan's sizes stay expressions (emit renders them)
+            return Const(ConstKind.INTS, tuple(v if is_symbolic(v) else _int(int(v)) for v in items))
         if el == "FloatType":
             return Const(ConstKind.FLOATS, tuple(float(v) for v in items))
         if el == "BoolType":
@@ -213,6 +214,8 @@ def constant(value, typ) -> Const:
         raise RenderError(f"constant {value!r} for a Tensor argument is not supported")
     if isinstance(value, bool):
         return Const(ConstKind.BOOL, value)
+    if is_symbolic(value) and kind in ("IntType", "SymIntType", "NumberType"):
+        return Const(ConstKind.INT, value)
     if isinstance(value, int):
         if kind == "FloatType":
             return Const(ConstKind.FLOAT, float(value))

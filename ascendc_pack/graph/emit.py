@@ -35,6 +35,7 @@ from ascendc_pack.graph.ir import (
     Val,
     ValKind,
 )
+from ascendc_pack.ir.symbolic import any_symbolic, bounds, dim_symbol, is_symbolic, postfix
 from ascendc_pack.toolchain.cxx import package_version
 
 GRAPH_TEMPLATE = "graph/graph.cpp.j2"
@@ -61,33 +62,39 @@ def render_source(plan: GraphPlan) -> GraphSource:
     mem = plan.memory
     arena = [b for b in plan.bufs if mem.in_arena(b.id)]
     fresh = [b for b in plan.bufs if not mem.in_arena(b.id)]
+    ranges = {name: (lo, hi) for name, lo, hi in plan.dims}
+    largest = lambda n: bounds(n, ranges)[1]  # noqa: E731 - a generic plan's sizes at the declared maxima
     stats = {
         "arena_bytes": mem.arena_bytes,
         "arena_buffers": len(arena),
-        "arena_unshared_bytes": sum(align(b.nbytes) for b in arena),
+        "arena_unshared_bytes": sum(align(largest(b.nbytes)) for b in arena),
         "fresh_buffers": len(fresh),
-        "fresh_bytes": sum(b.nbytes for b in fresh),
+        "fresh_bytes": sum(largest(b.nbytes) for b in fresh),
         "steps": dict(plan.counts),
         "static_tensors": em.n_static,
     }
-    signature = json.dumps({
+    sig = {
         "graph_abi": GRAPH_ABI_VERSION,
         "kernels": [{"name": k.name, "kernel_key": k.kernel_key, "file": k.file} for k in plan.kernels],
         "n_weights": len(plan.weights), "n_inputs": len(plan.inputs), "n_outputs": len(plan.outputs),
-    }, sort_keys=True, separators=(",", ":"))
+    }
+    if plan.dims:
+        sig["dims"] = [{"name": n, "min": lo, "max": hi} for n, lo, hi in plan.dims]
+    signature = json.dumps(sig, sort_keys=True, separators=(",", ":"))
     t = em.tables
     ctx = {
         "version": package_version(), "model_name": plan.model_name, "stats": stats,
         "graph_abi": GRAPH_ABI_VERSION, "signature_literal": _cpp_string(signature),
         "weights": em.tensor_specs(plan.weights), "inputs": em.tensor_specs(plan.inputs),
         "kernels": [{"name": _cpp_string(k.name), "key": _cpp_string(k.kernel_key), "file": _cpp_string(k.file),
-                     "workspace": k.workspace, "n_inputs": k.n_inputs, "n_outputs": k.n_outputs}
-                    for k in plan.kernels],
+                     "workspace": k.workspace, "n_inputs": k.n_inputs, "n_outputs": k.n_outputs,
+                     "n_dims": len(k.dims)} for k in plan.kernels],
         "ops": em.op_table(),
         "init": [i.render() for i in em.init], "run": [i.render() for i in run],
         "returns": em.returns(), "n_static": em.n_static, "n_locals": em.n_locals,
-        "arena_bytes": mem.arena_bytes, "arrays": t.lines,
+        "arena_bytes": mem.arena_bytes, "dynamic": em.sym.tables(plan, t) if plan.dims else None,
     }
+    ctx["arrays"] = t.lines
     text = template_env().get_template(GRAPH_TEMPLATE).render(**ctx)
     namespace = "ascpack_" + hashlib.sha256(text.encode()).hexdigest()[:20]
     return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats, dict(plan.aten_ops or {}))
@@ -116,10 +123,47 @@ def _comment(text: str) -> str:
     return " ".join(text.split())
 
 
+class _Exprs:
+    """The sizes of a generic plan that are expressions over its dynamic dims: each distinct one
+    is an entry of the graph's expression table (postfix code, graph_program.h), written where a
+    size goes as ``AP_SYM(k)``; the interpreter evaluates the table once per call shape."""
+
+    def __init__(self, dims: tuple):
+        self.dims = [d[0] for d in dims]
+        self.codes: list[list[int]] = []
+        self._index: dict[str, int] = {}
+
+    def ref(self, x) -> str:
+        """``AP_SYM(k)`` of expression ``x``."""
+        key = str(x)
+        k = self._index.get(key)
+        if k is None:
+            k = self._index[key] = len(self.codes)
+            self.codes.append(postfix(x, self.dims.index))
+        return f"AP_SYM({k})"
+
+    def tables(self, plan: GraphPlan, t: _Tables) -> dict:
+        """The dims, how the inputs bind them and the expression table, for the template."""
+        binds = [(i, d, self.dims.index(s.name)) for i, (_, v) in enumerate(plan.inputs)
+                 for d, s in enumerate(v.shape) if getattr(s, "is_Symbol", False)]
+        unbound = [n for k, n in enumerate(self.dims) if k not in {b[2] for b in binds}]
+        if unbound:
+            raise RenderError(f"dynamic dim(s) {unbound} are the size of no input dim; the graph cannot bind them")
+        offsets, code = [0], []
+        for c in self.codes:
+            code += c
+            offsets.append(len(code))
+        return {"dims": [f"{{{_cpp_string(n)}, {lo}, {hi}}}" for n, lo, hi in plan.dims],
+                "binds": t.array("ap_dim_bind", [f"{{{i}, {d}, {k}}}" for i, d, k in binds]), "n_binds": len(binds),
+                "n_exprs": len(self.codes), "offsets": t.array("int32_t", [str(o) for o in offsets]),
+                "code": t.array("int64_t", [_cpp_int(c) for c in code])}
+
+
 class _Tables:
     """Static arrays of graph.cpp, each written once and named by content."""
 
-    def __init__(self):
+    def __init__(self, sym: _Exprs | None = None):
+        self.sym = sym
         self.lines: list[str] = []
         self._names: dict[tuple, str] = {}
 
@@ -136,7 +180,13 @@ class _Tables:
         return name
 
     def ints(self, xs) -> str:
-        return self.array("int64_t", [str(int(x)) if int(x) != INT64_MIN else "INT64_MIN" for x in xs])
+        return self.array("int64_t", [self.int_text(x) for x in xs])
+
+    def int_text(self, x) -> str:
+        """A size or int constant: its literal, or ``AP_SYM(k)`` for an expression."""
+        if is_symbolic(x):
+            return self.sym.ref(x)
+        return str(int(x)) if int(x) != INT64_MIN else "INT64_MIN"
 
 
 _INSN_FIELDS = ("a", "b", "dst", "src", "ndim", "shape", "stride", "offset", "nbytes", "nargs", "args",
@@ -160,7 +210,8 @@ class _Insn:
 class _Emitter:
     def __init__(self, plan: GraphPlan):
         self.plan = plan
-        self.tables = _Tables()
+        self.sym = _Exprs(plan.dims)
+        self.tables = _Tables(self.sym)
         self.init: list[_Insn] = []
         self.n_static = 0
         self.n_locals = 0
@@ -168,15 +219,23 @@ class _Emitter:
         self.buf_ref: dict[int, str] = {}
         self.val_ref: dict[int, str] = {}
         for b in plan.bufs:  # arena buffers are static tensors; fresh ones are per-call locals
-            self.buf_ref[b.id] = self._static() if plan.memory.in_arena(b.id) else self._local()
+            self.buf_ref[b.id] = self._static() if self.static_buf(b) else self._local()
         for v in plan.vals:
             if v.kind in (ValKind.VIEW, ValKind.COND, ValKind.OPAQUE, ValKind.DERIVED):
                 self.val_ref[v.id] = self._static() if self.is_static(v) else self._local()
         for b in plan.bufs:
-            if plan.memory.in_arena(b.id):
-                self.init.append(self.layout_insn("AP_ARENA", b.dtype, b.shape, b.stride, b.label,
-                                                  dst=self.buf_ref[b.id],
-                                                  offset=plan.memory.placements[b.id].offset, nbytes=b.nbytes))
+            if self.static_buf(b):
+                self.init.append(self.arena_insn(b))
+
+    def static_buf(self, b: Buf) -> bool:
+        """An arena buffer whose layout never changes: a static tensor made at load. (In a generic
+        plan a buffer whose size holds a dynamic dim is made per call, at its arena offset.)"""
+        return self.plan.memory.in_arena(b.id) and not any_symbolic(b.shape, b.stride)
+
+    def arena_insn(self, b: Buf) -> _Insn:
+        return self.layout_insn("AP_ARENA", b.dtype, b.shape, b.stride, b.label, dst=self.buf_ref[b.id],
+                                offset=self.plan.memory.placements[b.id].offset,
+                                nbytes=self.tables.int_text(b.nbytes))
 
     # registers ------------------------------------------------------------------------------
     def _static(self) -> str:
@@ -195,9 +254,9 @@ class _Emitter:
         if v.kind in (ValKind.WEIGHT, ValKind.DERIVED):
             r = True
         elif v.kind is ValKind.BUF:
-            r = self.plan.memory.in_arena(v.buf.id)
-        elif v.kind is ValKind.VIEW:
-            r = bool(v.deps) and all(self.is_static(d) for d in v.deps)
+            r = self.static_buf(v.buf)
+        elif v.kind is ValKind.VIEW:  # (a generic plan's view whose size holds a dim changes per call)
+            r = bool(v.deps) and all(self.is_static(d) for d in v.deps) and not any_symbolic(v.shape, v.stride)
         else:
             r = False
         self.static_memo[v.id] = r
@@ -221,7 +280,7 @@ class _Emitter:
         if k in simple:
             return simple[k]
         if k is ConstKind.INT:
-            return f"AP_A_INT({_cpp_int(v)})"
+            return f"AP_A_INT({t.int_text(v) if is_symbolic(v) else _cpp_int(v)})"
         if k is ConstKind.FLOAT:
             return f"AP_A_DOUBLE({_cpp_float(v)})"
         if k is ConstKind.BOOL:
@@ -290,6 +349,8 @@ class _Emitter:
     def alloc_fresh(self, b: Buf, out: list) -> None:
         if not self.plan.memory.in_arena(b.id):
             out.append(self.layout_insn("AP_EMPTY", b.dtype, b.shape, b.stride, b.label, dst=self.buf_ref[b.id]))
+        elif not self.static_buf(b):  # its place in the arena, at this call's sizes
+            out.append(self.arena_insn(b))
 
     def emit(self, actions, out: list[_Insn]) -> list[_Insn]:
         for act in actions:
@@ -333,7 +394,8 @@ class _Emitter:
 
     def emit_aten(self, act: AtenAction, out: list) -> None:
         static_call = act.mode is CallMode.VIEW and all(self.arg_static(a) for a in act.args) and \
-            all(o is None or self.is_static(o) for o in act.outs)
+            all(o is None or self.is_static(o) for o in act.outs) and \
+            not any(a.const is not None and any_symbolic(a.const.value) for a in act.args)
         if act.mode is CallMode.LOAD:  # a tactic's derived weight: made once, from tensors that never change
             if not all(self.arg_static(a) for a in act.args):
                 raise RenderError(f"{act.label}: a derived weight reads a value that changes per call")
@@ -372,5 +434,8 @@ class _Emitter:
         fields = {"a": act.kernel_index, "b": len(act.ins),
                   "src": self.buf_ref[act.workspace.id] if act.workspace is not None else NIL,
                   "nrefs": len(refs), "refs": self.tables.array("ap_ref", refs)}
+        dims = self.plan.kernels[act.kernel_index].dims
+        if dims:  # a jit kernel: the sizes of the dims it takes (docs/DESIGN.md §3.5)
+            fields.update(ndim=len(dims), shape=self.tables.ints([dim_symbol(d) for d in dims]))
         out.append(_Insn("AP_LAUNCH", _comment(act.label), fields))
 

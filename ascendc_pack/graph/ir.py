@@ -26,6 +26,7 @@ class KernelRef:
     workspace: int
     n_inputs: int
     n_outputs: int
+    dims: tuple = ()   # a jit kernel (docs/DESIGN.md §3.5): the dynamic dims it takes, in argument order
 
     def __post_init__(self):
         if os.path.isabs(self.file) or ".." in Path(self.file).parts:
@@ -210,6 +211,7 @@ class GraphPlan:
                                # tactic, tactic_load)
     memory: MemoryPlan
     aten_ops: dict = None      # the program's own ATen steps by operator (tactic calls not counted)
+    dims: tuple = ()           # a generic plan (docs/DESIGN.md §2.10): (name, min, max) per dynamic dim
 
 
 __all__ = ["KernelRef", "ValKind", "BufRole", "CallMode", "Buf", "Val", "Arg", "BoxedOp", "AtenAction", "FusedAction",

@@ -29,6 +29,7 @@ from ascendc_pack.graph.memory import lifetimes, place
 from ascendc_pack.graph.tactic import LAUNCHES, plan_tactic
 from ascendc_pack.passes.meta_layouts import meta_layouts
 from ascendc_pack.ir.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Ref, TacticStep
+from ascendc_pack.ir.symbolic import any_symbolic, bounds
 from ascendc_pack.tactics.families import registry
 
 
@@ -42,17 +43,23 @@ def kernel_io(step: FusedStep) -> tuple[list[tuple], list[tuple]]:
 
 
 def plan_graph(model: ModelProgram, kernels: dict[str, KernelRef],
-               weight_layouts: dict[str, tuple] | None = None) -> GraphPlan:
+               weight_layouts: dict[str, tuple] | None = None, dims: tuple = ()) -> GraphPlan:
     """Plan the C++ graph of ``model``: ``kernels`` maps every fused kernel name to its chosen
     library; ``weight_layouts`` maps weight names to the (shape, stride) they are stored with
-    (default: their captured layout). Raises RenderError for a program it cannot express."""
-    return _Planner(model, kernels, dict(weight_layouts or {})).plan()
+    (default: their captured layout). Raises RenderError for a program it cannot express.
+
+    ``dims`` ((name, min, max) per dynamic dim) plans a generic plan (docs/DESIGN.md §2.10): sizes
+    are expressions over those dims, ATen steps whose sizes hold one run functionally (their
+    layout is the captured one, checked before a kernel reads it) and the arena is placed for
+    the largest sizes, so its placements hold for every call."""
+    return _Planner(model, kernels, dict(weight_layouts or {}), tuple(dims)).plan()
 
 
 class _Planner:
     """Walks the program once; the lists it grows become the plan's tuples."""
 
-    def __init__(self, model: ModelProgram, kernels: dict[str, KernelRef], weight_layouts: dict):
+    def __init__(self, model: ModelProgram, kernels: dict[str, KernelRef], weight_layouts: dict, dims: tuple = ()):
+        self.dims = dims
         self.model = model
         self.kernels = kernels
         self.weight_layouts = weight_layouts
@@ -122,11 +129,12 @@ class _Planner:
         mutations = tuple(Mutation(mp.user_inputs.index(name), name, by_name[val])
                           for name, val in mp.mutations.items())
         lives = lifetimes([b.created for b in self.bufs], self.uses)
-        memory = place([b.nbytes for b in self.bufs], lives, fresh)
+        ranges = {name: (lo, hi) for name, lo, hi in self.dims}  # a generic plan: placed at the largest sizes
+        memory = place([bounds(b.nbytes, ranges)[1] for b in self.bufs], lives, fresh)
         return GraphPlan(mp.name, tuple(weights), tuple(inputs), tuple(self.vals), tuple(self.bufs),
                          tuple(self.ops), tuple(actions), tuple(self.kernels[n] for n in self.kernel_order),
                          tuple(outputs), mutations, dict(self.counts), memory,
-                         dict(sorted(self.aten_ops.items(), key=lambda kv: (-kv[1], kv[0]))))
+                         dict(sorted(self.aten_ops.items(), key=lambda kv: (-kv[1], kv[0]))), self.dims)
 
     # walking ------------------------------------------------------------------------------
     def walk(self, program: Program, env: dict, scope: str) -> list:
@@ -275,7 +283,9 @@ class _Planner:
             self.use(v)
         label = f"{scope}{', '.join(o or '_' for o in step.outputs)} = {step.op}"
         list_return = ga.returns_list(schema)
-        metas = meta_layouts(step, lambda n: (env[n].shape, env[n].stride, env[n].dtype))
+        symbolic = any_symbolic(step.args, list(step.kwargs.values()), [v.shape for v in in_vals])
+        # a size over the dynamic dims has no meta tensor: the captured layout, checked at run time
+        metas = None if symbolic else meta_layouts(step, lambda n: (env[n].shape, env[n].stride, env[n].dtype))
         uncertain = metas is None
         if uncertain:
             specs = [program.values.get(n) for n in step.outputs]

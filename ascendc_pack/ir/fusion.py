@@ -37,6 +37,8 @@ from typing import ClassVar, Union
 
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
+from ascendc_pack.ir.symbolic import to_json as sym_to_json
+
 SPEC_VERSION = 2  # 2: no value names (kernels are shared by every step computing the same)
 
 
@@ -244,8 +246,9 @@ class KernelSpec:
         return d
 
     def canonical_json(self) -> str:
-        """The JSON text hashed into cache keys: sorted keys, no whitespace choices left open."""
-        return json.dumps(self.to_json(), sort_keys=True)
+        """The JSON text hashed into cache keys: sorted keys, no whitespace choices left open (a
+        dynamic size, :mod:`ascendc_pack.ir.symbolic`, as ``{"sym": ...}``)."""
+        return json.dumps(self.to_json(), sort_keys=True, default=sym_to_json)
 
     def digest(self) -> str:
         """md5 of the unnamed spec's canonical JSON (the tail of the kernel name)."""

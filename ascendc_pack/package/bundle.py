@@ -129,11 +129,10 @@ class _ChunkReader(io.RawIOBase):
         return n
 
 
-def _weights_blob(model: ModelProgram, weights: dict[str, torch.Tensor]):
-    """weights.bin (raw, every tensor at a 64-byte aligned offset), its index and layouts."""
-    entries, layouts, chunks, tensors = [], {}, [], []
-    offset = 0
-    digest = hashlib.sha256()
+def model_weights(model: ModelProgram, weights: dict[str, torch.Tensor]) -> list[tuple[str, str, torch.Tensor]]:
+    """``(name, fqn, tensor)`` of every weight of ``model`` in program order, checked against the
+    program's specs."""
+    out = []
     for name in model.weights:
         t = weights.get(name)
         if t is None:
@@ -143,6 +142,22 @@ def _weights_blob(model: ModelProgram, weights: dict[str, torch.Tensor]):
         if tuple(t.shape) != tuple(spec.shape) or dtype_name(t.dtype) != spec.dtype:
             raise BundleWriteError(f"weight {name!r} is {dtype_name(t.dtype)}{list(t.shape)}, the program "
                                    f"expects {spec.dtype}{list(spec.shape)}")
+        out.append((name, model.weight_fqns.get(name, name), t))
+    return out
+
+
+def _weights_blob(model: ModelProgram, weights: dict[str, torch.Tensor]):
+    """weights.bin (raw, every tensor at a 64-byte aligned offset), its index and layouts."""
+    return weights_blob(model_weights(model, weights))
+
+
+def weights_blob(named: list[tuple[str, str, torch.Tensor]]):
+    """weights.bin of ``(name, fqn, tensor)`` in that order: the blob, its index
+    (``contract.WeightSpec`` per tensor) and each name's stored (shape, stride)."""
+    entries, layouts, chunks, tensors = [], {}, [], []
+    offset = 0
+    digest = hashlib.sha256()
+    for name, fqn, t in named:
         t = t.detach().cpu()
         shape, stride = weight_layout(t)
         if tuple(t.stride()) != tuple(stride):  # else its bytes are already the stored layout
@@ -157,8 +172,8 @@ def _weights_blob(model: ModelProgram, weights: dict[str, torch.Tensor]):
                 digest.update(chunk)
                 chunks.append(chunk)
         offset += pad
-        entries.append(contract.WeightSpec(name, model.weight_fqns.get(name, name), dtype_name(t.dtype),
-                                           tuple(shape), tuple(stride), offset, nbytes))
+        entries.append(contract.WeightSpec(name, fqn, dtype_name(t.dtype), tuple(shape), tuple(stride), offset,
+                                           nbytes))
         layouts[name] = (shape, stride)
         offset += nbytes
     return WeightsBlob(chunks, offset, digest.hexdigest(), tensors), entries, layouts
@@ -237,24 +252,13 @@ def _write_archive(dest: Path, manifest_bytes: bytes, files: list[tuple[str, Pat
                 add(name, src.stat().st_size, f)
 
 
-def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
-                 output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
-                 zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None,
-                 call_threads: contract.CallThreads | None = None) -> BundleReport:
-    """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
-
-    ``model`` is the fused program, ``weights`` its weight tensors by program input name,
-    ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
-    of every tactic step (:class:`~ascendc_pack.tactics.tune.TacticChoice` by step name; their
-    choices are already applied to ``model``), ``call_threads`` the tuned thread cap of a call
-    (:mod:`ascendc_pack.tune.call_threads`; None: not tuned, no record).
-    Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
-    """
-    t0 = time.perf_counter()
-    output = Path(output)
-    if output.is_dir():
-        raise BundleWriteError(f"output {output} is a directory; pass a file path such as "
-                               f"{output / (model.name + '.ascpack')}")
+def bundle_kernels(model: ModelProgram, choices: dict[str, KernelChoice], tactics: dict | None = None,
+                   dims: dict[str, tuple] | None = None):
+    """Every kernel library ``model`` launches (its fused kernels' choices and the generated
+    kernels of its tactics), each checked against its choice: ``(names, refs, files, entries)``:
+    the fused kernels' names (sorted), a ``KernelRef`` per kernel, ``(member, library path)`` per
+    library and the manifest's ``contract.Kernel`` entries. ``dims``: the dynamic dims each jit
+    kernel takes (docs/DESIGN.md §3.5)."""
     steps = {}
     for s in model.program.fused_steps():
         steps.setdefault(s.name, s)
@@ -286,10 +290,33 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
                                    f"block_dim {info['block_dim']}, the choice says {cand.workspace} / "
                                    f"{cand.block_dim}; rebuild")
         member = kernel_member(name, cand.kernel_key)
-        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, n_in, n_out)
+        refs[name] = KernelRef(name, cand.kernel_key, member, cand.workspace, n_in, n_out,
+                               tuple((dims or {}).get(name, ())))
         kernel_files.append((member, so))
         kernel_entries.append(contract.Kernel(name, cand.kernel_key, cand.tiling_repr, cand.workspace,
                                               cand.block_dim, member, visited, chosen, cands, kernel_use))
+    return names, refs, kernel_files, kernel_entries
+
+
+def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
+                 output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
+                 zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None,
+                 call_threads: contract.CallThreads | None = None) -> BundleReport:
+    """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
+
+    ``model`` is the fused program, ``weights`` its weight tensors by program input name,
+    ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
+    of every tactic step (:class:`~ascendc_pack.tactics.tune.TacticChoice` by step name; their
+    choices are already applied to ``model``), ``call_threads`` the tuned thread cap of a call
+    (:mod:`ascendc_pack.tune.call_threads`; None: not tuned, no record).
+    Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
+    """
+    t0 = time.perf_counter()
+    output = Path(output)
+    if output.is_dir():
+        raise BundleWriteError(f"output {output} is a directory; pass a file path such as "
+                               f"{output / (model.name + '.ascpack')}")
+    names, refs, kernel_files, kernel_entries = bundle_kernels(model, choices, tactics)
 
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:
@@ -331,31 +358,31 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
     inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
-    backend = get_backend(config.backend)
     return contract.Manifest(
-        format_version=FORMAT_VERSION,
-        producer=contract.Producer("ascendc-pack", package_version()),
-        model_name=model.name,
-        backend=backend.name,
-        target=backend.manifest_target(config),
-        torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
-        core_limit=config.cores,
-        cores=backend.target(config).cores,
-        topn=config.topn,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
-        out_spec=plain_treespec(model.out_tree),
+        format_version=FORMAT_VERSION, **manifest_common(model, config), inputs=tuple(inputs), outputs=tuple(outputs),
         weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
-        graph=contract.Graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src.namespace, GRAPH_ABI_VERSION,
-                             tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
-                             dict(graph_src.aten_ops)),
-        kernels=tuple(kernels),
-        members=members,
-        out_tree=model.out_tree,
-        tactics=tactics,
-        call_threads=call_threads,
+        graph=manifest_graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src, config),
+        kernels=tuple(kernels), members=members, tactics=tactics, call_threads=call_threads,
     ).validate()
+
+
+def manifest_common(model: ModelProgram, config: BuildConfig) -> dict:
+    """The manifest fields every bundle has the same way: the producer, the model's name,
+    backend and target, torch, cores, topn, mutations and output structure."""
+    backend = get_backend(config.backend)
+    return dict(producer=contract.Producer("ascendc-pack", package_version()), model_name=model.name,
+                backend=backend.name, target=backend.manifest_target(config),
+                torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
+                core_limit=config.cores, cores=backend.target(config).cores, topn=config.topn,
+                mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
+                out_spec=plain_treespec(model.out_tree), out_tree=model.out_tree)
+
+
+def manifest_graph(library: str, source: str, graph_src: GraphSource, config: BuildConfig) -> contract.Graph:
+    """The manifest entry of a graph.so (member names, namespace, flags, memory report, ATen calls)."""
+    return contract.Graph(library, source, graph_src.namespace, GRAPH_ABI_VERSION,
+                          tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
+                          dict(graph_src.aten_ops))
 
 
 def write_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],

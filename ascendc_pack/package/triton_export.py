@@ -85,6 +85,10 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
     """
     bundle = Path(bundle)
     manifest = open_bundle(bundle).manifest
+    if "dynamic" in manifest:
+        raise TritonExportError(f"{bundle} has dynamic dims (format version 2); exporting them to Triton (dims -1 and "
+                        "dynamic_batching on manifest dynamic.batch) is not built yet: export a bundle built with "
+                        "static shapes")
     name = name or str(manifest.get("model", {}).get("name", "model"))
     if not _NAME_RE.fullmatch(name):
         raise TritonExportError(f"model name {name!r} cannot be a Triton model directory; use letters, digits, "

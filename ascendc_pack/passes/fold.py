@@ -27,6 +27,7 @@ from ascendc_pack_runtime.tensor_meta import contiguous_strides, is_dense, items
 
 from ascendc_pack.frontend.executor import resolve_op, run_aten
 from ascendc_pack.ir.program import AtenStep, ModelProgram, Program, TensorSpec
+from ascendc_pack.ir.symbolic import any_symbolic
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,11 @@ def is_foldable(step: AtenStep) -> bool:
     return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
+def _dynamic(step: AtenStep, p: Program) -> bool:
+    return any_symbolic(step.args, list(step.kwargs.values()),
+                        [p.values[o].shape for o in step.outputs if o is not None and o in p.values])
+
+
 def _is_view(step: AtenStep) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in resolve_op(step.op)._schema.returns)
 
@@ -74,7 +80,8 @@ def fold_constants(model: ModelProgram, weights: dict[str, torch.Tensor], *,
     constant = set(model.weights)
     producer: dict[str, AtenStep] = {}
     for step in p.steps:
-        if isinstance(step, AtenStep) and all(n in constant for n in step.input_names()) and is_foldable(step):
+        if isinstance(step, AtenStep) and all(n in constant for n in step.input_names()) and is_foldable(step) \
+                and not _dynamic(step, p):  # a size that varies per call (generic plans) is computed per call
             for o in step.outputs:
                 constant.add(o)
                 producer[o] = step

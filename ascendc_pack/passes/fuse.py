@@ -24,6 +24,7 @@ import torch
 from ascendc_pack_runtime.tensor_meta import contiguous_strides
 
 from ascendc_pack.ir.fusion import Analysis, Internal, Load, Operand
+from ascendc_pack.ir.symbolic import order_key
 from ascendc_pack.passes.lower import build_spec, output_layout
 from ascendc_pack.ir.ops import ATEN_POINTWISE, ATEN_REDUCTIONS, SUPPORTED_DTYPES, VIEW_OPS, reduce_dims, reduce_keepdim
 from ascendc_pack.ir.program import AtenStep, CondStep, FusedStep, ModelProgram, Program, Step
@@ -335,7 +336,7 @@ class Fuser:
             if isinstance(op, Load):
                 dims = [(op.strides[d], axis_of[("l", op.layout_key, d)])
                         for d in range(len(op.shape)) if ("l", op.layout_key, d) in axis_of]
-                load_orders.append([a for _, a in sorted(dims, key=lambda sa: -sa[0])])
+                load_orders.append([a for _, a in sorted(dims, key=lambda sa: -order_key(sa[0]))])
         order = _axis_order(value_orders, sizes, raxes, load_orders)
         remap = {a: k for k, a in enumerate(order)}
         sizes = [sizes[a] for a in order]
@@ -477,7 +478,7 @@ class Fuser:
 
 def _memory_order(dims: list, layout) -> list:
     """A value's axes (``dims[d]``: the axis of dim d, None for none) outermost first in its layout."""
-    return [a for _, _, a in sorted((-st, d, a) for d, (a, st) in enumerate(zip(dims, layout)))]
+    return [a for _, _, a in sorted((-order_key(st), d, a) for d, (a, st) in enumerate(zip(dims, layout)))]
 
 
 def _axis_order(value_orders, sizes, raxes, load_orders=()) -> list[int]:

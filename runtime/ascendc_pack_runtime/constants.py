@@ -13,7 +13,10 @@ VERSION = "0.1.0"
 
 FORMAT_NAME = "ascpack"
 FORMAT_VERSION = 1
-"""Bumped only for a change a version-1 reader would misread."""
+"""The version of a static bundle (one graph). Bumped only for a change a reader would misread."""
+FORMAT_VERSION_DYNAMIC = 2
+"""The version of a bundle with dynamic dims (``dynamic``: a graph per plan, docs/FORMAT.md): a
+version-1 reader refuses it (newer than it supports); this runtime reads both."""
 GRAPH_ABI_VERSION = 1
 """The operators graph.so registers (init/run/release/signature) and their arguments."""
 KERNEL_ABI_VERSION = 1

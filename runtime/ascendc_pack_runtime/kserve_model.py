@@ -131,6 +131,9 @@ class AscpackModel(kserve.Model):
             raise ValueError(f"max_batch_delay_s must be >= 0 seconds, got {max_batch_delay_s!r}")
         first = load(bundle, cache_dir=cache_dir, threads=threads)
         try:
+            if getattr(first, "dims", None):  # a DynamicModel (format version 2)
+                raise ValueError(f"{bundle} has dynamic dims ({', '.join(first.dims)}); serving them (batching on "
+                                 "manifest dynamic.batch) is not built yet: serve a bundle built with static shapes")
             name = check_model_name(name or first.name)
             self.batch = batch_spec(first.manifest) if batch == "bundle" else batch
             self.signature = Signature(name, tuple(first.input_specs), tuple(first.output_specs), self.batch)

@@ -21,21 +21,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .constants import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, MAX_DIM, MAX_MEMBER_BYTES, MAX_MEMBERS, REBUILD,
-                        SIGNATURE_NAME)
+from .constants import (FORMAT_NAME, FORMAT_VERSION, FORMAT_VERSION_DYNAMIC, MANIFEST_NAME, MAX_DIM,
+                        MAX_MEMBER_BYTES, MAX_MEMBERS, REBUILD, SIGNATURE_NAME)
 from .errors import FormatNameError, FormatVersionError, ManifestJSONError, MemberPathConflictError
 from .names import check_member_name, path_conflicts
 from .outputs import count_leaves
 from .outputs import validate as validate_tree
+from .manifest_dynamic import BatchDims, DynDim, Dynamic, Plan, dynamic_dims
+from .manifest_graph import Graph
 from .manifest_tactics import CallThreads, TacticCandidate, TacticStep
 from .schema import MAX_COUNT, Fields, field_error, is_int, loads, show
 from .tensor_meta import itemsize, span_elems
 
-_NAMESPACE_RE = re.compile(r"ascpack_[0-9a-f]{8,64}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MD5_RE = re.compile(r"[0-9a-f]{32}")
 
@@ -124,10 +125,16 @@ class IOSpec:
     input_index: int | None = None
 
     @staticmethod
-    def from_json(d: object, where: str, *, is_input: bool = False) -> IOSpec:
+    def from_json(d: object, where: str, *, is_input: bool = False, dims: set[str] | None = None) -> IOSpec:
+        """``dims``: the declared dynamic dims of a version-2 bundle; a dim of ``shape`` may then be
+        one of them (an output's also a size expression's text), and a dynamic input's ``stride``
+        is absent (it is contiguous)."""
         f = Fields(d, where)
-        name, shape, dtype = f.str("name"), f.dims("shape"), f.dtype("dtype")
-        stride = f.dims("stride", length=len(shape), optional=not is_input)
+        name, dtype = f.str("name"), f.dtype("dtype")
+        shape = f.dims("shape") if dims is None else dynamic_dims(f, "shape", names=dims if is_input else None)
+        dynamic = any(isinstance(n, str) for n in shape)
+        stride = None if dynamic and "stride" not in f.d else f.dims("stride", length=len(shape),
+                                                                       optional=not is_input or dynamic)
         index = None if is_input else f.int("input_index", 0, MAX_DIM, optional=True)
         return IOSpec(name, shape, dtype, stride, index)
 
@@ -209,41 +216,6 @@ class Weights:
 
     def to_json(self) -> dict:
         return {"file": self.file, "alignment": self.alignment, "tensors": [t.to_json() for t in self.tensors]}
-
-
-@dataclass(frozen=True)
-class Graph:
-    """graph.so: its member, source member, operator namespace, graph ABI, g++ flags, the
-    memory plan report (``memory``: informational JSON, not read by the runtime) and, optionally,
-    ``aten_ops``: how many times each ATen operator runs as a plain call per model call (the
-    steps neither fused nor a tactic; operator name -> count)."""
-
-    library: str
-    source: str
-    namespace: str
-    abi: int
-    flags: tuple[str, ...]
-    memory: Mapping[str, Any] = field(default_factory=dict)
-    aten_ops: Mapping[str, int] | None = None
-
-    @staticmethod
-    def from_json(d: object, where: str = "graph") -> Graph:
-        f = Fields(d, where)
-        ops = f.get("aten_ops", lambda v: isinstance(v, dict) and all(
-            isinstance(k, str) and is_int(n) and 0 <= n < MAX_COUNT for k, n in v.items()),
-            "an object of operator name -> count", optional=True)
-        return Graph(f.str("library"), f.str("source"),
-                     f.str("namespace", pattern=_NAMESPACE_RE, what="'ascpack_' followed by 8-64 hex digits"),
-                     f.int("abi", 0, MAX_COUNT), f.strs("flags"),
-                     f.get("memory", lambda v: isinstance(v, dict), "a JSON object"),
-                     MappingProxyType(dict(ops)) if ops is not None else None)
-
-    def to_json(self) -> dict:
-        d = {"library": self.library, "source": self.source, "namespace": self.namespace, "abi": self.abi,
-             "flags": list(self.flags), "memory": self.memory}
-        if self.aten_ops is not None:
-            d["aten_ops"] = dict(self.aten_ops)
-        return d
 
 
 def kernel_key_of(tiling_repr: str, workspace: int, block_dim: int) -> str:
@@ -363,9 +335,9 @@ def _format_fields(d: dict) -> int:
     if not is_int(version):
         raise FormatVersionError(f"{MANIFEST_NAME}: field 'format_version' is {show(version)}, not an integer; "
                                  f"the bundle is corrupt: {REBUILD}", field="format_version", fix=REBUILD)
-    if version > FORMAT_VERSION:
+    if version > FORMAT_VERSION_DYNAMIC:
         raise FormatVersionError(f"{MANIFEST_NAME}: field 'format_version' is {version}, newer than this "
-                                 f"runtime supports ({FORMAT_VERSION}); upgrade ascendc-pack (the runtime)",
+                                 f"runtime supports ({FORMAT_VERSION_DYNAMIC}); upgrade ascendc-pack (the runtime)",
                                  field="format_version", fix="upgrade ascendc-pack")
     if version < FORMAT_VERSION:
         raise FormatVersionError(f"{MANIFEST_NAME}: field 'format_version' is {version}, older than this "
@@ -415,13 +387,14 @@ class Manifest:
     mutations: tuple[Mutation, ...]
     out_spec: str
     weights: Weights
-    graph: Graph
+    graph: Graph | None               # version 1; a dynamic bundle has a graph per plan
     kernels: tuple[Kernel, ...]
     members: Mapping[str, Member]
     format: str = FORMAT_NAME
     out_tree: Mapping | None = None   # the output structure (ascendc_pack_runtime.outputs); optional
     tactics: tuple[TacticStep, ...] | None = None   # the tactic steps (optional: absent before tactics)
     call_threads: CallThreads | None = None   # the tuned thread cap of a call (optional: absent before it)
+    dynamic: Dynamic | None = None    # version 2: the dynamic dims and the plans (manifest_dynamic)
 
     def __post_init__(self):
         # a read-only view: the manifest is frozen all the way down (members are looked up by name)
@@ -437,6 +410,10 @@ class Manifest:
         version = _format_fields(d)
         f = Fields(d, "")
         members = _members(f)   # first: a bad member name is the most telling problem
+        dynamic = Dynamic.from_json(f.obj("dynamic").d) if version == FORMAT_VERSION_DYNAMIC else None
+        names = {dim.name for dim in dynamic.dims} if dynamic is not None else None
+        if dynamic is not None and "graph" in d:
+            raise field_error("graph", "is set in a dynamic bundle (each of dynamic.plans has its graph)")
         m = Manifest(
             format_version=version,
             producer=Producer.from_json(f.obj("producer").d),
@@ -447,17 +424,18 @@ class Manifest:
             core_limit=f.int("core_limit", 1, MAX_COUNT, nullable=True),
             cores=f.int("cores", 1, MAX_COUNT),
             topn=f.int("topn", 1, MAX_COUNT),
-            inputs=tuple(IOSpec.from_json(v, w, is_input=True) for v, w in f.list("inputs")),
-            outputs=tuple(IOSpec.from_json(v, w) for v, w in f.list("outputs")),
+            inputs=tuple(IOSpec.from_json(v, w, is_input=True, dims=names) for v, w in f.list("inputs")),
+            outputs=tuple(IOSpec.from_json(v, w, dims=names) for v, w in f.list("outputs")),
             mutations=tuple(Mutation.from_json(v, w) for v, w in f.list("mutations")),
             out_spec=f.str("out_spec"),
             weights=Weights.from_json(f.obj("weights").d),
-            graph=Graph.from_json(f.obj("graph").d),
+            graph=Graph.from_json(f.obj("graph").d) if dynamic is None else None,
             kernels=tuple(Kernel.from_json(v, w) for v, w in f.list("kernels")),
             members=members,
             out_tree=_out_tree(d.get("out_tree")),
             tactics=tuple(TacticStep.from_json(v, w) for v, w in f.list("tactics")) if "tactics" in d else None,
             call_threads=CallThreads.from_json(d["call_threads"]) if "call_threads" in d else None,
+            dynamic=dynamic,
         )
         m.validate()
         return m
@@ -478,17 +456,66 @@ class Manifest:
             raise MemberPathConflictError(
                 f"{MANIFEST_NAME}: member {conflict[1][:200]!r} cannot be created: {conflict[0][:200]!r} is "
                 f"itself a file member; the bundle is corrupt: {REBUILD}", member=conflict[1], fix=REBUILD)
-        for where, name in (("graph.library", self.graph.library), ("graph.source", self.graph.source),
-                            ("weights.file", self.weights.file),
+        for where, graph in self.graphs():
+            for key in ("library", "source"):
+                if getattr(graph, key) not in members:
+                    raise field_error(f"{where}.{key}", f"is {show(getattr(graph, key))}, not one of the members")
+        for where, name in (("weights.file", self.weights.file),
                             *((f"kernels[{i}].file", k.file) for i, k in enumerate(self.kernels))):
             if name not in members:
                 raise field_error(where, f"is {show(name)}, not one of the members")
+        self._check_version()
         self._check_io()
         self._check_weights()
         if self.out_tree is not None and count_leaves(self.out_tree) != len(self.outputs):
             raise field_error("out_tree", f"holds {count_leaves(self.out_tree)} tensors but 'outputs' lists "
                                           f"{len(self.outputs)}")
         return self
+
+    def graphs(self) -> list[tuple[str, Graph]]:
+        """(field path, graph) of every graph: the one of a static bundle, one per plan of a
+        dynamic bundle."""
+        if self.dynamic is None:
+            return [("graph", self.graph)]
+        return [(f"dynamic.plans[{i}].graph", p.graph) for i, p in enumerate(self.dynamic.plans)]
+
+    def _check_version(self) -> None:
+        """Version 1 is a static bundle (one graph); version 2 a dynamic one (``dynamic``, a graph
+        per plan whose weights and kernels are entries of ``weights`` and ``kernels``)."""
+        if (self.format_version == FORMAT_VERSION_DYNAMIC) != (self.dynamic is not None):
+            raise field_error("dynamic", f"is {'missing' if self.dynamic is None else 'set'} in a format_version "
+                                         f"{self.format_version} bundle")
+        if self.dynamic is None:
+            if self.graph is None:
+                raise field_error("graph", "is missing")
+            return
+        self.dynamic.check()
+        keys = {(k.name, k.kernel_key) for k in self.kernels}
+        for i, p in enumerate(self.dynamic.plans):
+            bad = [w for w in p.weights if w >= len(self.weights.tensors)]
+            if bad:
+                raise field_error(f"dynamic.plans[{i}].weights", f"names weights {bad[:5]}, the bundle has "
+                                                                 f"{len(self.weights.tensors)}")
+            missing = [n for n, k in p.kernels if (n, k) not in keys]
+            if missing:
+                raise field_error(f"dynamic.plans[{i}].kernels", f"names kernels {missing[:3]} that 'kernels' "
+                                                                 "does not list")
+        names = {d.name for d in self.dynamic.dims}
+        for key, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
+            decls = getattr(self.dynamic, key)
+            if len(decls) != len(specs):
+                raise field_error(f"dynamic.{key}", f"has {len(decls)} entries, the bundle has {len(specs)} {key}")
+            for i, (decl, spec) in enumerate(zip(decls, specs)):
+                if len(decl) != len(spec.shape) or any(d != n if n is not None else d in names
+                                                       for d, n in zip(spec.shape, decl)):
+                    raise field_error(f"dynamic.{key}[{i}]", f"is {list(decl)}, not the dims of {key}[{i}].shape "
+                                                             f"{list(spec.shape)}")
+        if self.dynamic.batch is not None:
+            b = self.dynamic.batch
+            for key, specs, idx in (("inputs", self.inputs, b.inputs), ("outputs", self.outputs, b.outputs)):
+                bad = [i for i in idx if i >= len(specs) or not specs[i].shape or specs[i].shape[0] != b.dim]
+                if bad:
+                    raise field_error(f"dynamic.batch.{key}", f"lists {bad}, whose dim 0 is not {b.dim!r}")
 
     def _check_io(self) -> None:
         names = [s.name for s in self.inputs]
@@ -540,8 +567,10 @@ class Manifest:
             "inputs": [s.to_json() for s in self.inputs], "outputs": [s.to_json() for s in self.outputs],
             "mutations": [mu.to_json() for mu in self.mutations], "out_spec": self.out_spec,
             **({"out_tree": self.out_tree} if self.out_tree is not None else {}),
-            "weights": self.weights.to_json(), "graph": self.graph.to_json(),
+            "weights": self.weights.to_json(),
+            **({"graph": self.graph.to_json()} if self.graph is not None else {}),
             "kernels": [k.to_json() for k in self.kernels],
+            **({"dynamic": self.dynamic.to_json()} if self.dynamic is not None else {}),
             **({"tactics": [t.to_json() for t in self.tactics]} if self.tactics is not None else {}),
             **({"call_threads": self.call_threads.to_json()} if self.call_threads is not None else {}),
             "members": {name: info.to_json() for name, info in self.members.items()},
@@ -557,10 +586,10 @@ class Manifest:
         return sum(info.size for info in self.members.values())
 
     def libraries(self) -> list[str]:
-        """The members that are dlopen()ed: graph.so and every kernel library."""
-        return [self.graph.library, *dict.fromkeys(k.file for k in self.kernels)]
+        """The members that are dlopen()ed: every graph.so and every kernel library."""
+        return [*(g.library for _, g in self.graphs()), *dict.fromkeys(k.file for k in self.kernels)]
 
 
 __all__ = ["Manifest", "Producer", "Target", "TorchBuild", "IOSpec", "Mutation", "WeightSpec", "Weights",
-           "Graph", "Candidate", "Kernel", "TacticCandidate", "TacticStep", "CallThreads", "Member", "loads", "parse", "field_error", "check_member_name",
+           "Graph", "Candidate", "Kernel", "Dynamic", "DynDim", "BatchDims", "Plan", "TacticCandidate", "TacticStep", "CallThreads", "Member", "loads", "parse", "field_error", "check_member_name",
            "path_conflicts", "kernel_key_of"]

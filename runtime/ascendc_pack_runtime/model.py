@@ -11,99 +11,20 @@ rebuilds the eager model's output structure.
 
 from __future__ import annotations
 
-import json
-import mmap
-import os
-import threading
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils import _pytree as pytree
 
-from .constants import GRAPH_ABI_VERSION, MANIFEST_NAME, REBUILD
-from .errors import CacheIOError, GraphLoadError, KernelMismatchError, TamperedExtractionError
 from .extract import Extracted, check_libraries, open_bundle
 from .host import tuned_cap_here
-from .manifest import IOSpec, Manifest
-from .outputs import OutputBuilder
-from .tensor_meta import DTYPES, same_layout
+from .manifest import Manifest
+from .model_parts import (Closing, TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder,  # noqa: F401
+                          init_graph)
+from .tensor_meta import same_layout
 from .threads import check_threads, intra_op_threads
 
-_LOAD_LOCK = threading.Lock()
 
-
-def _output_builder(m: Manifest):
-    """Rebuilds the model's output structure from the graph's flat outputs: ``out_tree``
-    (namedtuples, dicts, ...; validated with the manifest) when the bundle has it, else torch's
-    ``out_spec`` (bundles from before it), else a flat tuple with a warning."""
-    if m.out_tree is not None:
-        return OutputBuilder(m.out_tree)
-    try:
-        spec = pytree.treespec_loads(m.out_spec)
-    except Exception as e:  # noqa: BLE001 - e.g. a container type that is not importable here
-        warnings.warn(f"cannot rebuild the output structure of {m.model_name!r} ({e}); calls return a "
-                      "flat tuple of tensors", RuntimeWarning, stacklevel=4)
-        return tuple
-    return lambda flat: pytree.tree_unflatten(flat, spec)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Name, static shape and dtype of a model input or output (``stride``: the layout the
-    graph expects for inputs; other layouts are copied into it)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    stride: tuple[int, ...] | None = None
-
-    @staticmethod
-    def of(spec: IOSpec) -> TensorSpec:
-        """The torch view of a manifest input/output entry."""
-        return TensorSpec(spec.name, spec.shape, DTYPES[spec.dtype], spec.stride)
-
-    @staticmethod
-    def from_json(d: dict, where: str) -> TensorSpec:
-        """From a manifest input/output entry (raises ManifestFieldError naming ``where``)."""
-        return TensorSpec.of(IOSpec.from_json(d, where))
-
-    def __str__(self) -> str:
-        return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
-
-
-def _load_weights(directory: Path, m: Manifest) -> list[torch.Tensor]:
-    """Zero-copy tensors over a private copy-on-write mapping of weights.bin (the manifest was
-    validated: every tensor lies inside the file's declared size, aligned and disjoint)."""
-    w = m.weights
-    path = directory / w.file
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != m.members[w.file].size:
-                raise TamperedExtractionError(f"{path} is {size} bytes, {MANIFEST_NAME} says {m.members[w.file].size}; "
-                                              "the extraction was modified: load the bundle again", member=w.file,
-                                              fix="load the bundle again")
-            # private copy-on-write mapping: zero-copy, and a write never reaches the file
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > 0 else None
-    except OSError as e:
-        raise CacheIOError(f"cannot map {path}: {e}; load the bundle again (was the cache changed or deleted?)",
-                           member=w.file, fix="load the bundle again") from None
-    tensors = []
-    for t in w.tensors:
-        dtype = DTYPES[t.dtype]
-        if t.nbytes == 0:
-            tensors.append(torch.empty_strided(t.shape, t.stride, dtype=dtype))
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            flat = torch.frombuffer(buf, dtype=dtype, count=t.nbytes // dtype.itemsize, offset=t.offset)
-        tensors.append(flat.as_strided(t.shape, t.stride))
-    return tensors
-
-
-class Model:
+class Model(Closing):
     """A loaded bundle. Call it like the eager model: ``model(*inputs)``.
 
     Attributes:
@@ -144,19 +65,7 @@ class Model:
             weights = to_npu(weights)
         check_libraries(self.directory, m)   # right before graph.so (and through it the kernels) is dlopen()ed
         self._ops = _graph_ops(self.directory, m)
-        try:
-            # under the calls' thread count: oneDNN packs a weight for the threads it will run on
-            # (packed for 2 and run on 1, a convolution took 4.6x as long)
-            with intra_op_threads(self.threads):
-                self._handle = self._ops.init(weights, str(self.directory))
-        except RuntimeError as e:
-            msg = _first_line(e)
-            cls = KernelMismatchError if ("is not the kernel this graph was built with" in msg
-                                          or "does not export" in msg) else GraphLoadError
-            lib = m.graph.library
-            member = next((k.file for k in m.kernels if k.file in msg), lib)
-            raise cls(f"{self.path}: the graph ({lib}) refused to load: {msg}; rebuild the bundle",
-                      member=member, fix="rebuild the bundle") from None
+        self._handle = init_graph(self._ops, weights, self.directory, self.threads, m, m.graph, self.path)
         self._run = self._ops.run
         if self.threads is not None:
             _cap_kernel_threads(self._ops, self._handle, self.threads, self.name)
@@ -242,94 +151,10 @@ class Model:
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))
         outs = ", ".join(map(str, self.output_specs))
         return f"<ascendc_pack_runtime.Model {self.name!r} ({ins}) -> ({outs}), {self.path}>"
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _graph_ops(directory: Path, m: Manifest):
-    """The operator namespace registered by the bundle's graph.so (loaded once per process)."""
-    g = m.graph
-    if g.abi != GRAPH_ABI_VERSION:
-        raise KernelMismatchError(f"{MANIFEST_NAME}: field 'graph.abi' is {g.abi}, this runtime speaks "
-                                  f"graph ABI {GRAPH_ABI_VERSION}; rebuild the bundle or upgrade the runtime",
-                                  field="graph.abi", fix="rebuild the bundle or upgrade the runtime")
-    lib = directory / g.library
-    with _LOAD_LOCK:
-        ops = getattr(torch.ops, g.namespace)
-        if not _registered(ops):
-            try:
-                torch.ops.load_library(str(lib))
-            except OSError as e:
-                cause = e.__cause__ or e
-                raise GraphLoadError(f"cannot load {lib.name} of the bundle: {cause}; it was built "
-                                     f"against torch {m.torch.version} (this process "
-                                     f"has {torch.__version__}): rebuild the bundle with this torch",
-                                     member=g.library, fix="rebuild the bundle with this torch") from None
-            if not _registered(ops):
-                raise GraphLoadError(f"{lib.name} does not register the operators {g.namespace}::run/init; "
-                                     f"the bundle is corrupt: {REBUILD}", member=g.library, fix=REBUILD)
-    try:
-        sig = json.loads(ops.signature())
-    except (RuntimeError, ValueError) as e:
-        raise GraphLoadError(f"{lib.name}: cannot read its signature ({e}); rebuild the bundle",
-                             member=g.library, fix=REBUILD) from None
-    want = [{"name": k.name, "kernel_key": k.kernel_key, "file": k.file} for k in m.kernels]
-    have = sig.get("kernels") if isinstance(sig, dict) else None
-    if sorted(json.dumps(k, sort_keys=True) for k in want) != \
-            sorted(json.dumps(k, sort_keys=True) for k in (have or [])):
-        raise KernelMismatchError(f"{lib.name} was built for kernels {have}, the manifest lists {want}; the "
-                                  f"bundle was assembled from mismatched files: {REBUILD}", member=g.library,
-                                  fix=REBUILD)
-    counts = {"n_inputs": len(m.inputs), "n_outputs": len(m.outputs), "n_weights": len(m.weights.tensors)}
-    for key, n in counts.items():
-        if key in sig and sig[key] != n:
-            raise KernelMismatchError(f"{lib.name} was built for {sig[key]} {key[2:]}, the manifest lists {n}; the "
-                                      f"bundle was assembled from mismatched files: {REBUILD}", member=g.library,
-                                      field=key[2:], fix=REBUILD)
-    if sig.get("graph_abi") != GRAPH_ABI_VERSION:
-        raise KernelMismatchError(f"{lib.name} speaks graph ABI {sig.get('graph_abi')}, this runtime "
-                                  f"{GRAPH_ABI_VERSION}; rebuild the bundle", member=g.library, fix=REBUILD)
-    return ops
-
-
-def _cap_kernel_threads(ops, handle: int, threads: int, name: str) -> None:
-    """Cap the fused kernels' threads (graph op ``set_threads``; graphs built before it lack it)."""
-    try:
-        set_threads = ops.set_threads
-    except (AttributeError, RuntimeError):
-        warnings.warn(f"model {name!r}: its graph.so predates thread caps, so threads={threads} caps torch's "
-                      "intra-op threads only and its fused kernels use their tuned block_dim; rebuild the bundle "
-                      "to cap them too", RuntimeWarning, stacklevel=4)
-        return
-    set_threads(handle, threads)
-
-
-def _registered(ops) -> bool:
-    try:
-        ops.run  # noqa: B018 - attribute lookup resolves the operator
-        ops.signature  # noqa: B018
-        return True
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str = "sizes",
@@ -343,6 +168,8 @@ def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str =
     set but empty) refuses any bundle not signed by one of them, before anything is extracted or
     loaded, and rehashes every member of an earlier extraction (weights included). Raises a
     :class:`~ascendc_pack_runtime.errors.BundleError` subclass that names the problem and the fix.
+    A bundle with dynamic dims loads as a :class:`~ascendc_pack_runtime.dynamic_model.DynamicModel`
+    (called the same way; each call runs the plan for its sizes).
 
     ``threads`` caps every call at that many threads: the fused kernels (at most their tuned
     block_dim) and torch's intra-op threads for the ATen steps, set on the calling thread for
@@ -356,7 +183,12 @@ def load(path: str | Path, *, cache_dir: str | Path | None = None, verify: str =
     served side by side at cores // K (:mod:`.threads`).
     """
     threads = check_threads(threads)
-    return Model(open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys), threads)
+    extracted = open_bundle(path, cache_dir=cache_dir, verify=verify, trusted_keys=trusted_keys)
+    if extracted.contract is not None and extracted.contract.dynamic is not None:
+        from .dynamic_model import DynamicModel
+
+        return DynamicModel(extracted, threads)
+    return Model(extracted, threads)
 
 
 __all__ = ["load", "Model", "TensorSpec"]

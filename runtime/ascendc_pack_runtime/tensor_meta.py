@@ -44,18 +44,24 @@ def itemsize(name: str) -> int:
     return torch_dtype(name).itemsize
 
 
+def _symbolic(x) -> bool:
+    """A size or stride that is an expression over dynamic dims (the compiler's dynamic-shape
+    plans, ``ascendc_pack.ir.symbolic``), not an integer: kept as it is, never converted."""
+    return hasattr(x, "free_symbols") and not getattr(x, "is_number", True)
+
+
 def contiguous_strides(shape) -> tuple[int, ...]:
     """Row-major strides of ``shape`` (size-0 dims count as 1, as torch does)."""
     out, acc = [], 1
     for s in reversed(tuple(shape)):
         out.append(acc)
-        acc *= max(int(s), 1)
+        acc *= s if _symbolic(s) else max(int(s), 1)   # a dynamic dim is never 0
     return tuple(reversed(out))
 
 
 def significant_strides(shape, stride) -> tuple[int, ...]:
     """The strides that matter: a dim of size 1 may have any stride, so it reads as 0."""
-    return tuple(int(st) if n != 1 else 0 for n, st in zip(shape, stride))
+    return tuple((st if _symbolic(st) else int(st)) if n != 1 else 0 for n, st in zip(shape, stride))
 
 
 def same_layout(shape_a, stride_a, shape_b, stride_b) -> bool:
@@ -76,7 +82,7 @@ def is_dense(shape, stride) -> bool:
     shape, stride = tuple(shape), tuple(stride)
     if any(s == 0 for s in shape):
         return stride == contiguous_strides(shape)
-    dims = sorted((st, n) for n, st in zip(shape, stride) if n != 1)
+    dims = sorted(((st, n) for n, st in zip(shape, stride) if n != 1), key=_stride_order)
     expected = 1
     for st, n in dims:
         if st != expected:
@@ -85,6 +91,16 @@ def is_dense(shape, stride) -> bool:
     return True
 
 
+def _stride_order(dim: tuple):
+    """Sort key of a (stride, size) pair; a dynamic stride sorts by its value where every dynamic
+    dim is large (its order for every size a dynamic plan runs: such strides are products of
+    sizes), and ``is_dense`` then checks the products exactly."""
+    st, n = dim
+    if _symbolic(st) or _symbolic(n):
+        st, n = (x.subs({s: 1 << 20 for s in x.free_symbols}) if _symbolic(x) else x for x in (st, n))
+    return (int(st), int(n))
+
+
 def numel(shape) -> int:
     """Number of elements of ``shape``."""
-    return math.prod(int(s) for s in shape)
+    return math.prod(s if _symbolic(s) else int(s) for s in shape)

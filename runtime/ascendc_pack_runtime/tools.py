@@ -31,7 +31,7 @@ def _fmt_bytes(n: float) -> str:
 
 def _spec(s: IOSpec) -> str:
     extra = f" (= input {s.input_index})" if s.input_index is not None else ""
-    return f"{s.name}: {s.dtype}{list(s.shape)}{extra}"
+    return f"{s.name}: {s.dtype}[{', '.join(map(str, s.shape))}]{extra}"
 
 
 def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
@@ -61,12 +61,10 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
     lines += [f"  mutates input {mu.input} in place ({mu.value})" for mu in m.mutations]
     w = m.weights
     lines.append(f"weights  {len(w.tensors)} tensors, {_fmt_bytes(sum(t.nbytes for t in w.tensors))} in {w.file}")
-    mem = m.graph.memory
-    if mem:
-        steps = mem.get("steps", {})
-        lines.append(f"graph    arena {_fmt_bytes(mem.get('arena_bytes', 0))} for {mem.get('arena_buffers', 0)} "
-                     f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
-                     + ", ".join(f"{k} {v}" for k, v in sorted(steps.items() if isinstance(steps, dict) else [])))
+    if m.dynamic is None:
+        lines += _graph_lines(m.graph, "graph    ")
+    else:
+        lines += _dynamic_lines(m)
     visited = sum(1 for k in m.kernels if k.visited)
     gemm = sum(1 for k in m.kernels if k.name.startswith("gemm_"))  # generated GEMMs of tactic steps
     kinds = f"{len(m.kernels) - gemm} fused" + (f" + {gemm} GEMM" if gemm else "")
@@ -80,27 +78,62 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
             mark = "*" if c.index == k.chosen_index else " "
             timing = "failed" if c.failed else ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
             lines.append(f"    {mark} #{c.index} {timing:>12}  block_dim {c.block_dim}  {c.tiling_repr}")
-    lines += _tactic_lines(m)
+    if m.dynamic is None:
+        lines += _tactic_lines(m.tactics, m.graph)
     lines.append(f"members  {len(m.members)} files, {_fmt_bytes(m.declared_bytes)} uncompressed")
     for name, info in m.members.items():
         lines.append(f"  {name}  {_fmt_bytes(info.size)}  sha256 {info.sha256[:16]}...")
     return "\n".join(lines)
 
 
-def _tactic_lines(m: Manifest) -> list[str]:
+def _graph_lines(g, head: str) -> list[str]:
+    mem = g.memory
+    if not mem:
+        return []
+    steps = mem.get("steps", {})
+    return [f"{head}arena {_fmt_bytes(mem.get('arena_bytes', 0))} for {mem.get('arena_buffers', 0)} "
+            f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
+            + ", ".join(f"{k} {v}" for k, v in sorted(steps.items() if isinstance(steps, dict) else []))]
+
+
+def _dynamic_lines(m: Manifest) -> list[str]:
+    """The dynamic dims, the batch dims and every plan (its sizes, graph, kernels, tactics)."""
+    d = m.dynamic
+    lines = ["dynamic  " + ", ".join(f"{x.name} in [{x.min}, {x.max}]" for x in d.dims)]
+    if d.batch is not None:
+        lines.append(f"batch    dim {d.batch.dim!r}: dim 0 of inputs {list(d.batch.inputs)} and outputs "
+                     f"{list(d.batch.outputs)} (what a server batches on)")
+    else:
+        lines.append("batch    none (no dynamic dim is dim 0 of every input and output)")
+    jit = {k.name for k in m.kernels if k.tiling_repr.endswith("sched=jit")}
+    lines.append(f"plans    {len(d.plans)}: the bucket's static plan on an exact match of its sizes, else the "
+                 "generic plan")
+    for i, p in enumerate(d.plans):
+        n_jit = sum(1 for name, _ in p.kernels if name in jit)
+        kinds = f"{len(p.kernels)} kernels" + (f" ({n_jit} jit: sizes as arguments, tiling per launch)"
+                                               if n_jit else "")
+        lines.append(f"  [{i}] {p.label()}: {kinds}, {len(p.weights)} weights, {p.graph.library}")
+        lines += _graph_lines(p.graph, "      graph ")
+        if p.kind == "generic":
+            lines.append("      arena placed for the declared maxima (buffers sized per call inside it)")
+        lines += ["      " + line for line in _tactic_lines(p.tactics, p.graph)]
+    return lines
+
+
+def _tactic_lines(tactics, graph) -> list[str]:
     """The tactic steps (every candidate's median, the chosen one per use) and the ATen
     operators that run as plain calls, with counts."""
     lines = []
-    if m.tactics is not None:
+    if tactics is not None:
         chosen = {}
-        for t in m.tactics:
+        for t in tactics:
             for u in t.uses or ({"chosen_index": t.chosen_index},):
                 name = t.candidates[u["chosen_index"]].name
                 chosen[(t.kind, name)] = chosen.get((t.kind, name), 0) + 1
-        total = sum(len(t.uses) or 1 for t in m.tactics)
+        total = sum(len(t.uses) or 1 for t in tactics)
         summary = ", ".join(f"{kind} {name} x{n}" for (kind, name), n in sorted(chosen.items()))
-        lines.append(f"tactics  {total} heavy steps ({len(m.tactics)} distinct): {summary or '-'}")
-        for t in m.tactics:
+        lines.append(f"tactics  {total} heavy steps ({len(tactics)} distinct): {summary or '-'}")
+        for t in tactics:
             picks = sorted({u["chosen_index"] for u in t.uses}) or [t.chosen_index]
             tag = "visited" if t.visited else "not visited (candidate 0 kept)"
             uses = f" x{len(t.uses)}" if len(t.uses) > 1 else ""
@@ -111,7 +144,7 @@ def _tactic_lines(m: Manifest) -> list[str]:
                 timing = ("disqualified" if c.disqualified else "failed") if c.failed else \
                     ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
                 lines.append(f"    {mark} #{c.index} {timing:>12}  {c.name}  key {c.key}")
-    ops = m.graph.aten_ops
+    ops = graph.aten_ops
     if ops is not None:
         listed = ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in ops.items())
         lines.append(f"aten ops {sum(ops.values())} plain ATen calls per model call: {listed or 'none'}")
@@ -149,14 +182,18 @@ def _load_inputs(model, inputs_file: str | None, seed: int):
     specs = model.input_specs
     if inputs_file is None:
         g = torch.Generator().manual_seed(seed)
+        # a dynamic bundle: random inputs at its first bucket's sizes
+        plans = model.contract.dynamic.plans if model.contract.dynamic is not None else ()
+        sizes = next((dict(p.sizes) for p in plans if p.sizes is not None), {})
         out = []
         for s in specs:
+            shape = [sizes.get(d, d) if isinstance(d, str) else d for d in s.shape]
             if s.dtype.is_floating_point or s.dtype.is_complex:
-                t = torch.randn(s.shape, generator=g, dtype=s.dtype)
+                t = torch.randn(shape, generator=g, dtype=s.dtype)
             elif s.dtype == torch.bool:
-                t = torch.randint(0, 2, s.shape, generator=g).bool()
+                t = torch.randint(0, 2, shape, generator=g).bool()
             else:
-                t = torch.randint(0, 10, s.shape, generator=g, dtype=s.dtype)
+                t = torch.randint(0, 10, shape, generator=g, dtype=s.dtype)
             out.append(t)
         return out
     np = _numpy("--inputs FILE.npz")

@@ -24,6 +24,7 @@ from pathlib import Path
 import jinja2
 
 from ascendc_pack.ir.fusion import ConstNode, KernelSpec, NodeKind
+from ascendc_pack.ir.symbolic import is_symbolic
 from ascendc_pack.ir.ops import (BINARY, BOOL_CTYPE, COMPARISONS, COMPUTE_TYPE, FLOAT_DTYPES, LOGICAL, PREDICATES, REDUCE_COMBINE,
                   ROUNDING, STORAGE_TYPE, TERNARY, UNARY, c_literal, reduce_identity)
 
@@ -72,8 +73,9 @@ def _pyconst_type(node) -> str | None:
 class Emitter:
     """Writes C statements for spec nodes, hoisting row-invariant ones out of the passes."""
 
-    def __init__(self, spec: KernelSpec, layout: Layout, col: bool):
+    def __init__(self, spec: KernelSpec, layout: Layout, col: bool, num=str):
         self.spec = spec
+        self.num = num  # C text of a stride, offset or count (a jit kernel names its dynamic ones)
         self.nodes = spec.nodes
         self.layout = layout
         self.col = col
@@ -113,12 +115,12 @@ class Emitter:
 
     # expressions ------------------------------------------------------------------------------
     def index(self, strides, offset) -> str:
-        terms = [str(offset)] if offset else []
+        terms = [self.num(offset)] if offset != 0 else []
         for a, s in enumerate(strides):
             if s == 0:
                 continue
             var = self.axis_var(a)
-            terms.append(var if s == 1 else f"{var} * {s}")
+            terms.append(var if s == 1 else f"{var} * {self.num(s)}")
         return " + ".join(terms) or "0"
 
     def axis_var(self, a: int) -> str:
@@ -266,6 +268,11 @@ def _store(out_index: int, dtype: str, index: str, value: str) -> str:
     return f"out{out_index}[{index}] = {conv};"
 
 
+def _count_text(count, em: Emitter) -> str:
+    """A mean's element count as a C double."""
+    return f"(double){em.num(count)}" if is_symbolic(count) else f"{int(count)}.0"
+
+
 def plan_passes(spec: KernelSpec, em: Emitter) -> list[dict]:
     """Group reductions and stores into passes; emit row statements between them."""
     nodes = spec.nodes
@@ -299,7 +306,8 @@ def plan_passes(spec: KernelSpec, em: Emitter) -> list[dict]:
                          "identity": reduce_identity(node.op, acc_t),
                          "combine": REDUCE_COMBINE[node.op],
                          "wide": acc_t == "float" and node.op in ("sum", "mean"),
-                         "count": 1 if node.count is None else node.count, "rnd": ROUND_FN.get(node.dtype, "")})
+                         "count_text": _count_text(1 if node.count is None else node.count, em),
+                         "rnd": ROUND_FN.get(node.dtype, "")})
         store_lines = []
         for j, o in stores:
             val = em._arg(o.node, COMPUTE_TYPE[o.dtype], scope)
@@ -338,6 +346,6 @@ def render_kernel(spec: KernelSpec, tiling: dict, kernel_key: str, tiling_repr: 
         "outputs": [{"type": STORAGE_TYPE[o.dtype]} for o in spec.outputs],
         "outer_sizes": outer_sizes, "inner_sizes": inner_sizes,
         "rows": math.prod(outer_sizes), "sections": sections, "row_decls": em.row_decls,
-        "tiling": tiling, "n_accs": n_accs, "has_reduction": n_accs > 0,
+        "tiling": tiling, "n_accs": n_accs, "has_reduction": n_accs > 0, "jit": False,
     }
     return template_env().get_template("kernel/fused.cpp.j2").render(**ctx)

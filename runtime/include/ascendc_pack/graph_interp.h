@@ -34,6 +34,8 @@
 
 #include "ascendc_pack/gemm_abi.h"
 #include "ascendc_pack/graph_program.h"
+#include "ascendc_pack/graph_sizes.h"
+#include "ascendc_pack/graph_tensors.h"
 #include "ascendc_pack/kernel_abi.h"
 #include "ascendc_pack/kernel_pool.h"
 #include "ascendc_pack/npu_launch.h"
@@ -42,139 +44,15 @@
 namespace ap_interp {
 namespace {
 
-static_assert(int(c10::ScalarType::Byte) == AP_Byte && int(c10::ScalarType::Char) == AP_Char &&
-              int(c10::ScalarType::Short) == AP_Short && int(c10::ScalarType::Int) == AP_Int &&
-              int(c10::ScalarType::Long) == AP_Long && int(c10::ScalarType::Half) == AP_Half &&
-              int(c10::ScalarType::Float) == AP_Float && int(c10::ScalarType::Double) == AP_Double &&
-              int(c10::ScalarType::ComplexFloat) == AP_ComplexFloat &&
-              int(c10::ScalarType::ComplexDouble) == AP_ComplexDouble &&
-              int(c10::ScalarType::Bool) == AP_Bool && int(c10::ScalarType::BFloat16) == AP_BFloat16,
-              "ap_dtype must match c10::ScalarType");
-
-[[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
-
-std::string shape_str(c10::IntArrayRef xs) {
-  std::string s = "[";
-  for (size_t i = 0; i < xs.size(); ++i) s += (i ? ", " : "") + std::to_string(xs[i]);
-  return s + "]";
-}
-
-inline c10::ScalarType dtype(int64_t code) { return static_cast<c10::ScalarType>(code); }
-
-// ---- boxed ATen calls --------------------------------------------------------------------
-struct Op {
-  c10::OperatorHandle op;
-  torch::jit::Stack tmpl;  // every argument; tensors that change per call are filled in per call
-};
-
-Op make_op(const char* name, const char* overload, torch::jit::Stack tmpl) {
-  auto h = c10::Dispatcher::singleton().findSchema({name, overload});
-  if (!h) {
-    fail(std::string("operator ") + name + (overload[0] ? "." : "") + overload +
-         " is not registered in this process; the bundle needs a torch build that provides it "
-         "(and any custom-op library it comes from must be imported before loading)");
-  }
-  return Op{*h, std::move(tmpl)};
-}
-
-// A Python number passed as a Tensor argument, wrapped as torch does (type promotion rules).
-template <typename T>
-at::Tensor wrapped_scalar(T v, c10::ScalarType dt) {
-  at::Tensor t = at::detail::empty_cpu({}, dt);
-  *static_cast<T*>(t.data_ptr()) = v;
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
-
-c10::MemoryFormat memory_format(int64_t code) {
-  switch (code) {
-    case AP_Contiguous: return c10::MemoryFormat::Contiguous;
-    case AP_Preserve: return c10::MemoryFormat::Preserve;
-    case AP_ChannelsLast: return c10::MemoryFormat::ChannelsLast;
-    case AP_ChannelsLast3d: return c10::MemoryFormat::ChannelsLast3d;
-  }
-  fail("internal error: unknown memory format " + std::to_string(code));
-}
-
-// ---- the graph's device ------------------------------------------------------------------
-// cpu, or (a device npu bundle: graph.so compiled with -DAP_WITH_TORCH_NPU) the current NPU.
-// Tensors the graph creates live there, inputs and weights must come from there.
-#ifdef AP_WITH_TORCH_NPU
-c10::Device graph_device() { return c10::Device(c10::DeviceType::PrivateUse1, c10_npu::current_device()); }
-#else
-c10::Device graph_device() { return c10::Device(c10::DeviceType::CPU); }
-#endif
-
-// ---- memory --------------------------------------------------------------------------------
-at::Tensor empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dt) {
-#ifdef AP_WITH_TORCH_NPU
-  return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dt).device(graph_device()));
-#else
-  return at::detail::empty_strided_cpu(sizes, strides, dt);
-#endif
-}
-
-void release_arena_ref(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
-
-// A planned buffer: its bytes live in the arena at byte_offset, but it is a Storage of its own,
-// exactly nbytes long. ATen's *_scatter ops and the functional copy clone the *whole storage* of
-// their input (clone_preserve_strides); with one Storage for the arena every such step copied
-// the arena. The buffer's storage holds a reference to the arena's, so the memory stays valid
-// as long as any view of the buffer lives.
-at::Tensor arena_buffer(const at::Tensor& arena, int64_t byte_offset, int64_t nbytes,
-                        c10::ScalarType dt, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  void* data = static_cast<char*>(arena.storage().mutable_data()) + byte_offset;
-  c10::DataPtr ptr(data, new c10::Storage(arena.storage()), &release_arena_ref, arena.device());
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), nullptr,
-                       /*resizable=*/false);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, c10::kStrided, arena.device())),
-      c10::scalarTypeToTypeMeta(dt));
-  impl->set_sizes_and_strides(sizes, strides, std::optional<int64_t>(0));
-  return at::Tensor(std::move(impl));
-}
-
-bool same_layout(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  if (t.sizes() != sizes) return false;
-  auto st = t.strides();
-  for (size_t i = 0; i < sizes.size(); ++i)
-    if (sizes[i] != 1 && st[i] != strides[i]) return false;
-  return true;
-}
-
-// Copy src into dst's layout; dst may be compact (size 1) along broadcast dims of src.
-void relayout(const at::Tensor& src, const at::Tensor& dst) {
-  if (src.sizes() == dst.sizes()) {
-    dst.copy_(src);
-  } else {
-    dst.copy_(src.as_strided(dst.sizes(), src.strides(), src.storage_offset()));
-  }
-}
-
-// Safety net before a kernel reads a tensor whose layout was only predicted at build time.
-at::Tensor expect_layout(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  if (same_layout(t, sizes, strides)) return t;
-  if (t.sizes() != sizes) fail("internal error: tensor of shape " + shape_str(t.sizes()) +
-                               " where the graph expects " + shape_str(sizes));
-  std::vector<int64_t> base(sizes.begin(), sizes.end());
-  for (size_t i = 0; i < sizes.size(); ++i)
-    if (strides[i] == 0 && sizes[i] != 1) base[i] = 1;
-  at::Tensor dst = empty_strided(base, strides, t.scalar_type());
-  relayout(t, dst);
-  return dst;
-}
-
-bool truthy(const at::Tensor& t) {
-  if (t.numel() != 1) fail("torch.cond predicate has " + std::to_string(t.numel()) + " elements, expected 1");
-  return t.item().toBool();
-}
-
 // ---- fused kernels -----------------------------------------------------------------------
 struct Kernel {
   void* handle = nullptr;
   int (*launch)(void* const*, void* const*, void*, int32_t) = nullptr;
   // the same kernel on the graph's task pool (kernel_pool.h); null: the library runs OpenMP only
   int (*launch_pool)(void* const*, void* const*, void*, int32_t, const ap_pool*) = nullptr;
+  // a jit kernel (kernel_abi.h): host tiling and launch with the sizes; null for a static kernel
+  int (*tiling)(const int64_t*, int32_t, ap_jit_tiling*) = nullptr;
+  int (*launch_jit)(void* const*, void* const*, void*, const int64_t*, const ap_jit_tiling*) = nullptr;
   const ap_kernel_spec* spec = nullptr;
   // an npu kernel library's device entry (npu_launch.h): launched through the npu launcher
   ap_npu_launch_fn npu_launch = nullptr;
@@ -189,6 +67,22 @@ const ap_pool* kernel_pool() {
     return env && std::strcmp(env, "0") == 0 ? nullptr : ::ascendc_pack::TaskPool::instance().abi();
   }();
   return pool;
+}
+
+// A jit kernel's entry points; "" when they are there and take the sizes the graph passes.
+std::string load_jit(Kernel& k, const ap_kernel_spec& spec) {
+  auto describe = reinterpret_cast<const ap_jit_info* (*)()>(dlsym(k.handle, "ap_kernel_jit_describe"));
+  k.tiling = reinterpret_cast<int (*)(const int64_t*, int32_t, ap_jit_tiling*)>(dlsym(k.handle, "ap_kernel_tiling"));
+  k.launch_jit = reinterpret_cast<int (*)(void* const*, void* const*, void*, const int64_t*, const ap_jit_tiling*)>(
+      dlsym(k.handle, "ap_kernel_launch_jit"));
+  if (!describe || !k.tiling || !k.launch_jit)
+    return "it is not a jit kernel (no ap_kernel_jit_describe/ap_kernel_tiling/ap_kernel_launch_jit)";
+  const ap_jit_info* info = describe();
+  if (!info || info->abi_version != AP_KERNEL_JIT_ABI_VERSION)
+    return "its jit ABI is not " + std::to_string(AP_KERNEL_JIT_ABI_VERSION);
+  if (info->n_dims != spec.n_dims)
+    return "it takes " + std::to_string(info->n_dims) + " sizes, the graph passes " + std::to_string(spec.n_dims);
+  return "";
 }
 
 Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
@@ -230,6 +124,8 @@ Kernel load_kernel(const std::string& root, const ap_kernel_spec& spec) {
   else if (info->workspace > spec.workspace)
     problem = "it needs " + std::to_string(info->workspace) + " bytes of workspace, the graph plans " +
               std::to_string(spec.workspace);
+  else if (spec.n_dims > 0)
+    problem = load_jit(k, spec);
   if (!problem.empty()) {
     dlclose(k.handle);
     fail(where + " is not the kernel this graph was built with: " + problem +
@@ -278,14 +174,16 @@ at::Tensor pack_b(const Kernel& k, const at::Tensor& b, int64_t nbytes) {
 }
 
 // ---- io checks -----------------------------------------------------------------------------
+template <typename Resolve>
 void check_tensors(const std::vector<at::Tensor>& ts, const ap_tensor_spec* specs, int32_t n,
-                   const char* what) {
+                   const char* what, Resolve resolve) {
   if (ts.size() != size_t(n))
     fail(std::string("expected ") + std::to_string(n) + " " + what + "s, got " + std::to_string(ts.size()));
   for (int32_t i = 0; i < n; ++i) {
     const auto& t = ts[i];
     const auto& s = specs[i];
-    c10::IntArrayRef sizes(s.sizes, s.ndim), strides(s.strides, s.ndim);
+    auto sizes_v = resolve(s.sizes, s.ndim), strides_v = resolve(s.strides, s.ndim);
+    c10::IntArrayRef sizes(sizes_v), strides(strides_v);
     std::string name = std::string(what) + " " + std::to_string(i) + " (" + s.name + ")";
     if (!t.defined()) fail(name + " is undefined");
     if (t.device().type() != graph_device().type())
@@ -309,6 +207,11 @@ struct State {
   std::vector<Op> ops;
   std::vector<Kernel> kernels;
   int32_t max_threads = 0;        // every fused kernel's thread cap (set_threads); 0: its block_dim
+  // a generic plan: the dims of the last call, every size expression at them, and the constant
+  // arguments of operator templates that hold a size expression (refreshed when the dims change)
+  bool dynamic = false;
+  std::vector<int64_t> dims, exprs;
+  std::vector<std::pair<int32_t, int32_t>> sym_args;
   ~State() {
     for (auto& k : kernels)
       if (k.handle) dlclose(k.handle);
@@ -332,15 +235,32 @@ struct Frame {
   }
 };
 
-c10::IValue constant(const ap_arg& a) {
+// ---- dynamic dims (generic plans) -----------------------------------------------------------
+using Ints = c10::SmallVector<int64_t, 8>;
+
+// A size: itself, or the value of its expression at this call's dims.
+inline int64_t size_of(const State& S, int64_t v) { return ap_is_sym(v) ? S.exprs[v - AP_SYM(0)] : v; }
+
+Ints sizes_of(const State& S, const int64_t* p, int32_t n) {
+  Ints out(p, p + n);
+  if (S.dynamic)
+    for (auto& v : out) v = size_of(S, v);
+  return out;
+}
+
+c10::IValue constant(const ap_arg& a, const State* S = nullptr) {
   switch (a.kind) {
     case AP_ARG_NONE: return c10::IValue();
-    case AP_ARG_INT: return c10::IValue(a.i);
+    case AP_ARG_INT: return c10::IValue(S ? size_of(*S, a.i) : a.i);
     case AP_ARG_DOUBLE: return c10::IValue(a.d);
     case AP_ARG_BOOL: return c10::IValue(a.i != 0);
     case AP_ARG_STRING: return c10::IValue(std::string(static_cast<const char*>(a.items)));
     case AP_ARG_INTS: {
       auto p = static_cast<const int64_t*>(a.items);
+      if (S) {
+        Ints v = sizes_of(*S, p, a.n);
+        return c10::IValue(std::vector<int64_t>(v.begin(), v.end()));
+      }
       return c10::IValue(std::vector<int64_t>(p, p + a.n));
     }
     case AP_ARG_DOUBLES: {
@@ -386,7 +306,7 @@ c10::IValue value(const ap_arg& a, Frame& f) {
                                                   : std::optional<at::Tensor>(f[refs[k]]));
     return c10::IValue(std::move(items));
   }
-  return constant(a);
+  return constant(a, &f.S);
 }
 
 void call(const ap_insn& x, Frame& f) {
@@ -409,18 +329,40 @@ void launch_kernel(const ap_insn& x, Frame& f) {
   // a profiler event named after the kernel (ATen steps get theirs from the dispatcher); one
   // thread-local check when no profiler runs
   RECORD_FUNCTION(k.spec->name, c10::ArrayRef<const c10::IValue>{});
-  launch(k, ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
+  if (!k.launch_jit) {
+    launch(k, ptrs.data(), ptrs.data() + x.b, ws, f.S.max_threads);
+    return;
+  }
+  // the jit path: this call's sizes, the tiling chosen for them on the host, the launch
+  Ints dims = sizes_of(f.S, x.shape, x.ndim);
+  ap_jit_tiling t{};
+  int rc = k.tiling(dims.data(), f.S.max_threads, &t);
+  if (rc == 0) rc = k.launch_jit(ptrs.data(), ptrs.data() + x.b, ws, dims.data(), &t);
+  if (rc != 0)
+    fail(std::string("jit kernel ") + k.spec->name + " failed with status " + std::to_string(rc));
 }
 
 void exec(const ap_insn* code, int32_t n, Frame& f) {
   for (int32_t pc = 0; pc < n;) {
     const ap_insn& x = code[pc++];
     c10::IntArrayRef shape(x.shape, x.ndim), stride(x.stride, x.ndim);
+    Ints dyn_shape, dyn_stride;
+    if (f.S.dynamic && x.ndim > 0 && x.code != AP_LAUNCH) {  // a generic plan: sizes at this call's dims
+      dyn_shape = sizes_of(f.S, x.shape, x.ndim), dyn_stride = sizes_of(f.S, x.stride, x.ndim);
+      shape = c10::IntArrayRef(dyn_shape), stride = c10::IntArrayRef(dyn_stride);
+    }
     switch (x.code) {
       case AP_CALL: call(x, f); break;
       case AP_SET_ARG: f.S.ops[x.a].tmpl[x.b] = value(x.args[0].arg, f); break;
       case AP_EMPTY: f[x.dst] = empty_strided(shape, stride, dtype(x.a)); break;
-      case AP_ARENA: f[x.dst] = arena_buffer(f.S.arena, x.offset, x.nbytes, dtype(x.a), shape, stride); break;
+      case AP_ARENA: {
+        int64_t nbytes = size_of(f.S, x.nbytes);
+        if (f.S.dynamic && x.offset + nbytes > f.S.arena.numel())  // the plan bounds every size: never
+          fail("internal error: a buffer of " + std::to_string(nbytes) + " bytes at offset " +
+               std::to_string(x.offset) + " does not fit the arena (" + std::to_string(f.S.arena.numel()) + ")");
+        f[x.dst] = arena_buffer(f.S.arena, x.offset, nbytes, dtype(x.a), shape, stride);
+        break;
+      }
       case AP_LAUNCH: launch_kernel(x, f); break;
       case AP_RELAYOUT: relayout(f[x.src], f[x.dst]); break;
       case AP_EXPECT: f[x.dst] = expect_layout(f[x.src], shape, stride); break;
@@ -450,13 +392,25 @@ std::shared_ptr<State> get_state(int64_t handle) {
   return it->second;
 }
 
+// A generic plan's dims from the call's inputs (checked against their declared ranges), and
+// every size expression and sized operator argument at them when they changed since the last call.
+void bind_dims(State& S, const std::vector<at::Tensor>& in) {
+  std::vector<int64_t> dims = ap_sizes::bind(G, in);
+  if (dims == S.dims) return;
+  S.exprs.resize(G.n_exprs);
+  for (int32_t k = 0; k < G.n_exprs; ++k) S.exprs[k] = ap_sizes::eval(G, k, dims);
+  S.dims = std::move(dims);
+  for (auto [op, k] : S.sym_args) S.ops[op].tmpl[k] = constant(G.ops[op].args[k], &S);
+}
+
 int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
   if (G.program_version != AP_GRAPH_PROGRAM_VERSION)
     fail("graph.cpp holds program version " + std::to_string(G.program_version) + ", its interpreter " +
          std::to_string(AP_GRAPH_PROGRAM_VERSION) + "; rebuild the bundle");
   auto holder = std::make_shared<State>();
   State& S = *holder;
-  check_tensors(weights, G.weights, G.n_weights, "weight");
+  check_tensors(weights, G.weights, G.n_weights, "weight", [](const int64_t* p, int32_t n) { return Ints(p, p + n); });
+  S.dynamic = G.n_dims > 0;
   S.w = std::move(weights);
   for (int32_t i = 0; i < G.n_kernels; ++i) S.kernels.push_back(load_kernel(root, G.kernels[i]));
   S.arena = empty_strided({G.arena_bytes}, {1}, c10::ScalarType::Byte);
@@ -470,7 +424,15 @@ int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
   for (int32_t i = 0; i < G.n_ops; ++i) {
     torch::jit::Stack tmpl;
     tmpl.reserve(G.ops[i].nargs);
-    for (int32_t k = 0; k < G.ops[i].nargs; ++k) tmpl.push_back(constant(G.ops[i].args[k]));
+    for (int32_t k = 0; k < G.ops[i].nargs; ++k) {
+      const ap_arg& a = G.ops[i].args[k];
+      if (S.dynamic && ap_sizes::has_sym(a)) {  // a size of this call: set once the dims are known
+        S.sym_args.emplace_back(i, k);
+        tmpl.push_back(c10::IValue());
+      } else {
+        tmpl.push_back(constant(a));
+      }
+    }
     S.ops.push_back(make_op(G.ops[i].name, G.ops[i].overload, std::move(tmpl)));
   }
   Frame f{S, nullptr, {}};
@@ -485,7 +447,8 @@ std::vector<at::Tensor> graph_run(int64_t handle, std::vector<at::Tensor> in) {
   auto holder = get_state(handle);
   State& S = *holder;
   std::lock_guard<std::mutex> lock(S.mu);
-  check_tensors(in, G.inputs, G.n_inputs, "input");
+  if (S.dynamic) bind_dims(S, in);
+  check_tensors(in, G.inputs, G.n_inputs, "input", [&S](const int64_t* p, int32_t n) { return sizes_of(S, p, n); });
   Frame f{S, &in, std::vector<at::Tensor>(G.n_locals)};
   exec(G.run, G.n_run, f);
   std::vector<at::Tensor> out;

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#define AP_GRAPH_PROGRAM_VERSION 1 /* layout of the structs below */
+#define AP_GRAPH_PROGRAM_VERSION 2 /* layout of the structs below (2: dynamic dims) */
 
 #if defined(__GNUC__)
 #define AP_GRAPH_HIDDEN __attribute__((visibility("hidden")))
@@ -111,6 +111,33 @@ struct ap_kernel_spec {
   int64_t workspace;
   int32_t n_inputs;
   int32_t n_outputs;
+  int32_t n_dims; /* a jit kernel (kernel_abi.h): the sizes it takes; 0: a static kernel */
+};
+
+/* ---- dynamic dims (a generic plan, docs/DESIGN.md §2.10) ------------------------------------
+ * A size that is an expression over the graph's dynamic dims is written AP_SYM(k) wherever a
+ * size goes (tensor specs, instruction shapes/strides/nbytes, INT and INTS arguments): the value
+ * of expression k of the graph's table, evaluated once per call shape. Expression k is postfix
+ * code expr_code[expr_offsets[k] .. expr_offsets[k + 1]) of (opcode, operand) pairs: AP_OP_CONST c
+ * and AP_OP_DIM d push, the others pop two and push one (ascendc_pack/ir/symbolic.py). */
+#define AP_SYM_LIMIT (1 << 24)
+#define AP_SYM(k) (INT64_MIN + 1 + (int64_t)(k))
+static inline bool ap_is_sym(int64_t v) { return v > INT64_MIN && v <= INT64_MIN + AP_SYM_LIMIT; }
+
+enum ap_sym_op : int64_t {
+  AP_OP_CONST = 0, AP_OP_DIM, AP_OP_ADD, AP_OP_MUL, AP_OP_FLOORDIV, AP_OP_MOD, AP_OP_MAX, AP_OP_MIN,
+};
+
+struct ap_dim_spec { /* a dynamic dim and its declared range */
+  const char* name;
+  int64_t min;
+  int64_t max;
+};
+
+struct ap_dim_bind { /* dim `dim` of input `input` is dynamic dim `sym` */
+  int32_t input;
+  int32_t dim;
+  int32_t sym;
 };
 
 /* ---- instructions ------------------------------------------------------------------------ */
@@ -178,6 +205,14 @@ struct ap_graph {
   const ap_insn* run;
   int32_t n_returns;
   const ap_ref* returns;
+  /* a generic plan (all zero in a static one) */
+  int32_t n_dims;
+  const ap_dim_spec* dims;
+  int32_t n_binds;
+  const ap_dim_bind* binds;
+  int32_t n_exprs;
+  const int32_t* expr_offsets; /* n_exprs + 1 */
+  const int64_t* expr_code;
 };
 
 /* Defined by graph.cpp, read by the interpreter. */
