@@ -97,16 +97,21 @@ print(json.dumps({{"calls": out, "refused": bad}}))
 """
 
 
-def test_serving_and_triton_export_refuse_a_dynamic_bundle_clearly(encoder, tmp_path):
-    """Serving batches on dynamic.batch in a later change; until then both say so."""
-    from ascendc_pack.package.triton_export import TritonExportError, export_triton
+def test_serving_and_triton_export_batch_on_the_declared_batch_dim(encoder, tmp_path):
+    """The manifest's batch dim is what serving and the Triton export batch on (tests/test_serve_batching.py
+    and tests/test_triton_server.py run the servers)."""
+    from ascendc_pack.package.triton_export import export_triton
     from ascendc_pack_runtime.kserve_model import AscpackModel
 
     result, _ = encoder
-    with pytest.raises(ValueError, match=r"has dynamic dims \(batch, seq\); serving them"):
-        AscpackModel(result.output, cache_dir=tmp_path / "rt")
-    with pytest.raises(TritonExportError, match="has dynamic dims"):
-        export_triton(result.output, tmp_path / "repo")
+    model = AscpackModel(result.output, cache_dir=tmp_path / "rt")
+    try:
+        assert model.batch is not None and model.batch.max_batch == 16
+    finally:
+        model.stop()
+    export = export_triton(result.output, tmp_path / "repo")
+    config = export.config.read_text()
+    assert export.max_batch_size == 16 and "max_batch_size: 16" in config and "dynamic_batching" in config
 
 
 def test_fresh_process_matches_eager_on_and_off_the_buckets(encoder):

@@ -54,8 +54,46 @@ def _inputs(loaded, n):
             for _ in range(n)]
 
 
-def test_triton_serves_the_bundle_over_http_and_grpc(triton):
-    import tritonclient.grpc as grpcclient
+GRPC_CLIENT = """
+import sys, numpy as np, tritonclient.grpc as grpcclient
+url, model, out_name, path = sys.argv[1:5]
+data = np.load(path)
+names = [n for n in data.files if not n.startswith("#")]
+sets = sorted({int(n.split("/")[0]) for n in names})
+c = grpcclient.InferenceServerClient(url)
+got = {}
+for k in sets:
+    ins = []
+    for n in sorted((n for n in names if n.startswith(f"{k}/")), key=lambda n: int(data[f"#{n}"])):
+        a = data[n]
+        i = grpcclient.InferInput(n.split("/", 1)[1], list(a.shape), "FP32")
+        i.set_data_from_numpy(a)
+        ins.append(i)
+    got[str(k)] = c.infer(model, ins).as_numpy(out_name)
+c.close()
+np.savez(path + ".out.npz", **got)
+"""
+
+
+def _grpc_infer(url: str, model: str, names: list[str], sets: list, out_name: str, tmp: Path) -> list:
+    """Each input set through tritonclient's gRPC client, in its own process: its generated protos
+    and kserve's (imported by other tests in this process) define the same `inference.*` messages,
+    which protobuf refuses to load twice into one process."""
+    arrays = {}
+    for k, set_ in enumerate(sets):
+        for j, (name, a) in enumerate(zip(names, set_)):
+            arrays[f"{k}/{name}"] = a
+            arrays[f"#{k}/{name}"] = np.array(j)
+    path = tmp / "grpc_inputs.npz"
+    np.savez(path, **arrays)
+    run = subprocess.run([sys.executable, "-c", GRPC_CLIENT, url, model, out_name, str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = np.load(str(path) + ".out.npz")
+    return [out[str(k)] for k in range(len(sets))]
+
+
+def test_triton_serves_the_bundle_over_http_and_grpc(triton, tmp_path):
     import tritonclient.http as httpclient
 
     server, export, bundle, loaded = triton
@@ -65,7 +103,7 @@ def test_triton_serves_the_bundle_over_http_and_grpc(triton):
     out_name = runtime.output_specs[0].name
     sets = _inputs(loaded, 3)
     http = httpclient.InferenceServerClient(server.url)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    by_grpc = _grpc_infer(server.grpc_url, export.model_dir.name, names, sets, out_name, tmp_path)
     try:
         for k, arrays in enumerate(sets):
             want = runtime.run_flat(*[torch.from_numpy(a.copy()) for a in arrays])[0].numpy()
@@ -82,12 +120,7 @@ def test_triton_serves_the_bundle_over_http_and_grpc(triton):
                 r = http.infer(export.model_dir.name, ins, request_id=f"{mode}-{k}",
                                outputs=[httpclient.InferRequestedOutput(out_name, binary_data=binary_out)])
                 got[mode] = r.as_numpy(out_name)
-            ins = []
-            for name, a in zip(names, arrays):
-                i = grpcclient.InferInput(name, list(a.shape), "FP32")
-                i.set_data_from_numpy(a)
-                ins.append(i)
-            got["grpc"] = grpc.infer(export.model_dir.name, ins).as_numpy(out_name)
+            got["grpc"] = by_grpc[k]
             for mode, y in got.items():
                 assert y.dtype == np.float32 and y.shape == (1,), (mode, y.shape)   # 0-d: dims [1] + reshape
                 # the same bundle under the same thread cap: the same bits
@@ -95,7 +128,6 @@ def test_triton_serves_the_bundle_over_http_and_grpc(triton):
                 np.testing.assert_allclose(y.reshape(()), eager, rtol=1e-5, atol=1e-3, err_msg=mode)
     finally:
         http.close()
-        grpc.close()
         runtime.close()
 
 

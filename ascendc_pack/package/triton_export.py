@@ -28,6 +28,7 @@ import ascendc_pack_runtime
 from ascendc_pack_runtime.batching import batch_spec
 from ascendc_pack_runtime.bundle import open_bundle
 from ascendc_pack_runtime.model import TensorSpec
+from ascendc_pack_runtime.tensor_meta import DTYPES
 from ascendc_pack_runtime.triton_config import (DEFAULT_BUNDLE, DEFAULT_QUEUE_DELAY_US, model_config, to_pbtxt,
                                                 triton_type)
 from ascendc_pack_runtime.v2 import v2_datatype
@@ -65,6 +66,14 @@ def render_config(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec]
                                  dynamic_batching=dynamic_batching), source)
 
 
+def _io_spec(d: dict, where: str) -> TensorSpec:
+    """A manifest input/output; in a bundle of plans (format version 2, verified when it was
+    opened) a dynamic dim is named instead of sized, and stays that name."""
+    if any(isinstance(n, str) for n in d["shape"]):
+        return TensorSpec(d["name"], tuple(d["shape"]), DTYPES[d["dtype"]])
+    return TensorSpec.from_json(d, where)
+
+
 def _runtime_dir() -> Path:
     return Path(ascendc_pack_runtime.__file__).resolve().parent
 
@@ -85,18 +94,14 @@ def export_triton(bundle: str | Path, repo: str | Path, *, name: str | None = No
     """
     bundle = Path(bundle)
     manifest = open_bundle(bundle).manifest
-    if "dynamic" in manifest:
-        raise TritonExportError(f"{bundle} has dynamic dims (format version 2); exporting them to Triton (dims -1 and "
-                        "dynamic_batching on manifest dynamic.batch) is not built yet: export a bundle built with "
-                        "static shapes")
     name = name or str(manifest.get("model", {}).get("name", "model"))
     if not _NAME_RE.fullmatch(name):
         raise TritonExportError(f"model name {name!r} cannot be a Triton model directory; use letters, digits, "
                                 "'_', '.' and '-' (starting with a letter or digit)")
     if not isinstance(instances, int) or instances < 1:
         raise TritonExportError(f"instances must be an integer >= 1, got {instances!r}")
-    inputs = [TensorSpec.from_json(d, f"inputs[{i}]") for i, d in enumerate(manifest["inputs"])]
-    outputs = [TensorSpec.from_json(d, f"outputs[{i}]") for i, d in enumerate(manifest["outputs"])]
+    inputs = [_io_spec(d, f"inputs[{i}]") for i, d in enumerate(manifest["inputs"])]
+    outputs = [_io_spec(d, f"outputs[{i}]") for i, d in enumerate(manifest["outputs"])]
     for s in inputs + outputs:
         v2_datatype(s)  # UnservableBundleError (a ValueError) for complex tensors
     if threads is not None and (not isinstance(threads, int) or threads < 1):

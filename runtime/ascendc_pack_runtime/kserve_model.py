@@ -39,6 +39,7 @@ from kserve.protocol.infer_type import InferRequest
 from . import triton_config, v2
 from .batching import Batcher, BatchError, BatchSpec, batch_spec
 from .model import load
+from .model_parts import concrete_shape, example_sizes
 from .v2_request import IHCL, DecodedRequest, EncodedResponse, Signature, decode_fields, decode_request, \
     encode_response, json_length
 
@@ -131,10 +132,8 @@ class AscpackModel(kserve.Model):
             raise ValueError(f"max_batch_delay_s must be >= 0 seconds, got {max_batch_delay_s!r}")
         first = load(bundle, cache_dir=cache_dir, threads=threads)
         try:
-            if getattr(first, "dims", None):  # a DynamicModel (format version 2)
-                raise ValueError(f"{bundle} has dynamic dims ({', '.join(first.dims)}); serving them (batching on "
-                                 "manifest dynamic.batch) is not built yet: serve a bundle built with static shapes")
             name = check_model_name(name or first.name)
+            self.example_sizes = example_sizes(first)   # a bundle of plans warms up at its first bucket
             self.batch = batch_spec(first.manifest) if batch == "bundle" else batch
             self.signature = Signature(name, tuple(first.input_specs), tuple(first.output_specs), self.batch)
         except BaseException:
@@ -189,13 +188,14 @@ class AscpackModel(kserve.Model):
         return self.ready
 
     def _warm_up(self, runner: Runner) -> None:
-        inputs = [torch.zeros(s.shape, dtype=s.dtype) for s in self.input_specs]
+        sizes = self.example_sizes
+        inputs = [torch.zeros(concrete_shape(s, sizes), dtype=s.dtype) for s in self.input_specs]
         outs = list(runner(*inputs))
         if len(outs) != len(self.output_specs):
             raise RuntimeError(f"warm-up: the model returned {len(outs)} tensors, the bundle declares "
                                f"{len(self.output_specs)} ({v2.signature(self.output_specs)})")
         for t, s in zip(outs, self.output_specs):
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != s.shape or t.dtype != s.dtype:
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != concrete_shape(s, sizes) or t.dtype != s.dtype:
                 got = f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise RuntimeError(f"warm-up: output {s.name!r} is {got}, the bundle declares {s}")
 

@@ -65,6 +65,19 @@ class TensorSpec:
         return f"{self.name}: {str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
 
 
+def example_sizes(model) -> dict[str, int]:
+    """Sizes of a bundle of plans' dynamic dims at its first bucket (empty for a static bundle):
+    what warm-ups and random inputs use."""
+    dynamic = getattr(getattr(model, "contract", None), "dynamic", None)
+    plans = dynamic.plans if dynamic is not None else ()
+    return next((dict(p.sizes) for p in plans if p.sizes is not None), {})
+
+
+def concrete_shape(spec: TensorSpec, sizes: dict[str, int]) -> tuple[int, ...]:
+    """``spec``'s shape with each named (dynamic) dim at its size in ``sizes``."""
+    return tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
+
+
 def _load_weights(directory: Path, m: Manifest) -> list[torch.Tensor]:
     """Zero-copy tensors over a private copy-on-write mapping of weights.bin (the manifest was
     validated: every tensor lies inside the file's declared size, aligned and disjoint)."""

@@ -18,6 +18,7 @@ from .errors import BundleError
 from .extract import open_bundle
 from .host import tuned_cap_here
 from .manifest import IOSpec, Manifest
+from .model_parts import concrete_shape, example_sizes
 from .verify import read_manifest, verify_bundle
 
 
@@ -182,12 +183,10 @@ def _load_inputs(model, inputs_file: str | None, seed: int):
     specs = model.input_specs
     if inputs_file is None:
         g = torch.Generator().manual_seed(seed)
-        # a dynamic bundle: random inputs at its first bucket's sizes
-        plans = model.contract.dynamic.plans if model.contract.dynamic is not None else ()
-        sizes = next((dict(p.sizes) for p in plans if p.sizes is not None), {})
+        sizes = example_sizes(model)   # a dynamic bundle: random inputs at its first bucket's sizes
         out = []
         for s in specs:
-            shape = [sizes.get(d, d) if isinstance(d, str) else d for d in s.shape]
+            shape = concrete_shape(s, sizes)
             if s.dtype.is_floating_point or s.dtype.is_complex:
                 t = torch.randn(shape, generator=g, dtype=s.dtype)
             elif s.dtype == torch.bool:

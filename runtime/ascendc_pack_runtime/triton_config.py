@@ -58,9 +58,10 @@ def _tensor(spec: TensorSpec, dims: Sequence[int], batching: bool) -> dict:
 
 
 def config_dims(spec: TensorSpec, batch: BatchSpec | None, index: int, kind: str) -> list[int]:
-    """The ``dims`` a tensor has in the config (before the [1]-for-scalars rule)."""
+    """The ``dims`` a tensor has in the config (before the [1]-for-scalars rule): -1 for a dynamic
+    dim (a bundle of plans names it instead of giving a size)."""
     if batch is None:
-        return list(spec.shape)
+        return [-1 if isinstance(d, str) else d for d in spec.shape]
     item = (batch.inputs if kind == "input" else batch.outputs)[index].item_shape
     return [-1 if d == ANY else d for d in item]
 

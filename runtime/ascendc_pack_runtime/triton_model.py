@@ -114,7 +114,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{self.name}: {e}") from None
         self.run = self.model.run_flat
         self._output_index = {s.name: i for i, s in enumerate(self.outputs)}
-        self.run(*[torch.zeros(s.shape, dtype=s.dtype) for s in self.inputs])  # warm-up
+        sizes = rt.model_parts.example_sizes(self.model)
+        self.run(*[torch.zeros(rt.model_parts.concrete_shape(s, sizes), dtype=s.dtype) for s in self.inputs])  # warm-up
         cap = f"at most {self.model.threads} thread(s) per call" if self.model.threads else "no thread cap"
         batch = (f"batches up to {config.get('max_batch_size')} rows (bundle: {self.batch.max_batch}, preferred "
                  f"{list(self.batch.preferred)})" if self.batch and config.get("max_batch_size") else "no batching")
