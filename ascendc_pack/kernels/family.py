@@ -158,7 +158,7 @@ def _read_proposal(gen: Generator, path: Path) -> list[KernelCandidate] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError) as exc:
-        log.warning("%s proposal %s is unusable (%s); proposing again", gen.name, path, exc)
+        log.warning("%s proposal %s is unusable (%s); proposing again", gen.tiling.kind, path, exc)
         return None
 
 
