@@ -134,6 +134,27 @@ def check_outputs(names: list[str], expected: list, actual: list, reference64: l
     return [check_tensor(n, e, a, r, rtol, atol) for n, e, a, r in zip(names, expected, actual, refs)]
 
 
+def relative_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
+    """The relative error of one output: ``||actual - expected||_2 / ||expected||_2`` in float64
+    over the finite elements (a precision budget's metric, docs/PRECISION.md). 0.0 for equal
+    tensors (an all-zero ``expected`` included); ``inf`` where shapes differ, NaN/infinities do not
+    meet or integer/bool outputs differ."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+        return float("inf")
+    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        return 0.0 if torch.equal(actual.to(expected.dtype), expected) else float("inf")
+    e, a = _real64(expected), _real64(actual)
+    fe, fa = torch.isfinite(e), torch.isfinite(a)
+    if not torch.equal(fe, fa) or not torch.equal(e[~fe].nan_to_num(0.0), a[~fa].nan_to_num(0.0)) \
+            or not torch.equal(torch.isnan(e), torch.isnan(a)):
+        return float("inf")
+    diff = float(torch.linalg.vector_norm(a[fa] - e[fe]))
+    norm = float(torch.linalg.vector_norm(e[fe]))
+    if diff == 0.0:
+        return 0.0
+    return diff / norm if norm > 0 else float("inf")
+
+
 def first_problem(checks: list[OutputCheck]) -> str | None:
     """The first failing check's description, or None when every output matches."""
     return next((c.describe() for c in checks if not c.ok), None)
