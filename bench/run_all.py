@@ -194,10 +194,23 @@ def ov_cell(r: dict) -> str:
     return f"{report.fmt_spread(ratio)} ({ov.get('precision')}, {ov.get('rel_error', 0):.1e})"
 
 
+def bf16_cell(r: dict) -> str:
+    """The bfloat16 bundle ÷ the fastest peer computing in the precision it ended up in, with the
+    relative errors of both."""
+    b = r["contenders"].get("bundleN_bf16") or {}
+    best = r.get("best_peer", {}).get("bundleN_bf16")
+    if b.get("status") != "ok" or not best:
+        return "-" if not b else b.get("status", "-")
+    peer = r["contenders"][best["peer"]]
+    return (f"{report.fmt_spread(best)} vs {peer['label']} ({b.get('precision')}: {b.get('rel_error', 0):.1e} vs "
+            f"{peer.get('rel_error', 0):.1e})")
+
+
 def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[str]]]:
     head = ["model", f".ascpack --topn {topn} ÷ best peer", ".ascpack --topn 1 ÷ best peer", "best peer",
             f"--topn {topn} slowdown ÷ ORT slowdown", f"--topn {topn} busy ÷ ORT busy",
             f"--topn {topn} after idle ÷ best peer", f"--topn {topn} ÷ OpenVINO default (its precision, rel error)",
+            f"--topn {topn} --precision bf16 ÷ best peer at its precision (both rel errors)",
             "bundle build ÷ AOTI compile"]
     rows = []
     for r in results:
@@ -210,7 +223,7 @@ def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[s
         rows.append([r["name"], report.fmt_spread(bp.get("bundleN")), report.fmt_spread(bp.get("bundle1")),
                      bench.label(peer, topn) if peer else "-", report.fmt_spread(vs.get("bundleN") or vs.get("bundle1")),
                      report.fmt_spread(busy.get("bundleN") or busy.get("bundle1")),
-                     report.fmt_spread(idle.get("bundleN") or idle.get("bundle1")), ov_cell(r),
+                     report.fmt_spread(idle.get("bundleN") or idle.get("bundle1")), ov_cell(r), bf16_cell(r),
                      build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
     return head, rows
 

@@ -14,6 +14,8 @@ from ascendc_pack.frontend.executor import run_model
 from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.ir.program import ModelProgram, TacticStep, dump
 from ascendc_pack.tactics.match import UNARY_PATTERNS
+from ascendc_pack.kernels.target import FALLBACK, CpuTarget, HostProfile
+from ascendc_pack.tactics import predict
 from ascendc_pack.tactics.rewrite import candidates_for, find_tactics
 
 
@@ -171,6 +173,36 @@ def test_batchnorm_residual_relu_chain_and_derived_affine():
     assert [t.name for t in candidates_for(dw, 10)] == ["aten", "onednn_cl", "aten_cl"]
     assert [t.name for t in candidates_for(c1, 10)][:2] == ["aten", "onednn"]
     assert len(candidates_for(c1, 2)) == 2  # --topn caps the candidates
+    # ordered by the cost model: candidate 0 is the predicted best, the as-captured one always kept
+    target = CpuTarget.detect(2, profile=FALLBACK)
+    for step in (c1, dw, pw):
+        ranked = candidates_for(step, 10, target)
+        us = [predict.predict_us("conv", step.desc, t.name, target) for t in ranked]
+        assert us == sorted(us) and {t.name for t in ranked} == {t.name for t in candidates_for(step, 10)}
+        first = candidates_for(step, 1, target)   # topn 1: the pick, plus the as-captured fallback
+        assert first[0].name == ranked[0].name and first[-1].name == "aten" and len(first) == 1 + (first[0].name != "aten")
+
+
+def test_candidate_order_follows_the_cost_model():
+    """A GEMM with many rows goes to oneDNN's packed weight first; a 1-row GEMV (every candidate
+    streams the weight) to the cheapest call; attention to flash; the host profile scales it."""
+    target = CpuTarget.detect(2, profile=FALLBACK)
+    gemm = {"m": 128, "k": 256, "n": 1024, "epilogue": {"unary": "gelu"}}
+    gemv = {"m": 1, "k": 512, "n": 1000, "epilogue": {}}
+    us = {n: predict.predict_us("linear", gemm, n, target) for n in ("aten", "onednn", "mkl")}
+    assert us["onednn"] < us["aten"] and us["onednn"] < us["mkl"]
+    us = {n: predict.predict_us("linear", gemv, n, target) for n in ("aten", "onednn", "mkl")}
+    assert min(us, key=us.get) != "onednn"
+    attn = {"batch": 1, "heads": 4, "q_len": 128, "kv_len": 128, "head_dim": 64}
+    assert predict.predict_us("attention", attn, "flash", target) < predict.predict_us("attention", attn, "unfused",
+                                                                                        target)
+    fast = CpuTarget.detect(2, profile=HostProfile(ghz=6.0, mem_gbps=40.0, l2_gbps=120.0, source="test"))
+    assert predict.predict_us("linear", gemm, "onednn", fast) < predict.predict_us("linear", gemm, "onednn", target)
+    assert predict.predict_us("nope", gemm, "aten", target) == float("inf")
+    m = Fn(lambda s, x: F.gelu(s.fc(x)), fc=nn.Linear(256, 1024))
+    _, (fc,) = _pass(m, torch.randn(128, 256))
+    assert [t.name for t in candidates_for(fc, 4, target)][0] == "onednn"
+    assert [t.name for t in candidates_for(fc, 4)][0] == "aten"   # without a host profile: as captured first
 
 
 def test_a_value_read_elsewhere_is_not_absorbed():

@@ -253,8 +253,8 @@ def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch
 def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
     real = tactic_tune.candidates_for
 
-    def with_a_wrong_one(step, topn):
-        cands = real(step, topn)
+    def with_a_wrong_one(step, topn, target=None, precisions=()):
+        cands = real(step, topn, target, precisions)
         if step.tactic_kind == "linear":
             desc = T.step_from_json(step.desc)
             wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
@@ -323,7 +323,7 @@ def test_warm_pipeline_keeps_the_choices(tmp_path):
     assert warm.captured.model.dumps() == cold.captured.model.dumps()
 
 
-def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
+def test_unvisited_cond_branch_keeps_candidate_0_verified_on_synthetic_arguments(tmp_path):
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -343,6 +343,8 @@ def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
     assert then_ch.visited and then_ch.profiled and decisions[id(by_unary["relu"])] == then_ch.best
     assert not else_ch.visited and not else_ch.profiled and decisions[id(by_unary["sigmoid"])] == 0
     assert else_ch.uses[0]["visited"] is False and all(r.median_us is None for r in else_ch.results)
+    # candidate 0 is the cost model's pick: no run reached it, so it was verified on synthetic arguments
+    assert else_ch.synthetic and else_ch.verified(0) and else_ch.to_json()["verified_on"] == "synthetic"
 
 
 def test_cond_branch_with_a_lowered_tactic_builds(tmp_path, cache, monkeypatch):
@@ -381,13 +383,46 @@ def test_identical_steps_share_one_measurement(tmp_path):
     assert len({u["chosen_index"] for u in ch.uses}) == 1
 
 
-def test_topn_1_keeps_every_heavy_step_as_captured(tmp_path):
+def test_topn_1_takes_each_steps_predicted_candidate_verified_not_timed(tmp_path):
+    """The fast default build: candidate 0 is the cost model's pick; --topn 1 verifies it on the
+    real arguments (no timing, no tuning record) and the bundle runs it."""
     prep = prepare(_model(), _inputs(), config=BuildConfig(topn=1, cache_dir=tmp_path, jobs=2),
                    input_sets=[_inputs()], protocol=FAST)
     assert prep.tactics_profiled == 0
-    assert all(u["chosen_index"] == 0 for ch in prep.tactics.values() for u in ch.uses)
-    assert not prep.captured.model.program.tactic_steps()  # the ATen steps are back, as captured
-    assert not (tmp_path / "ascendc" / "tactics").exists()
+    assert not (tmp_path / "ascendc" / "tactics").exists()   # nothing timed, nothing recorded
+    for ch in prep.tactics.values():
+        assert not ch.profiled and all(r.median_us is None for r in ch.results)
+        assert ch.predicted_us[0] == min(ch.predicted_us)   # candidate 0: the predicted best
+        assert all(u["chosen_index"] == 0 for u in ch.uses)
+        if ch.captured != 0:   # the pick plus the as-captured fallback: the pick was verified
+            assert len(ch.candidates) == 2 and ch.checked and ch.verified(0) and ch.captured == 1
+    assert {ch.candidates[0].name for ch in prep.tactics.values()} & {"onednn", "onednn_cl", "flash", "mkl"}
+    assert prep.captured.model.program.tactic_steps()   # lowered, not the ATen steps as captured
+
+
+def test_topn_1_falls_back_when_candidate_0_fails_verification(tmp_path, monkeypatch):
+    real = tactic_tune.candidates_for
+
+    def wrong_first(step, topn, target=None, precisions=()):
+        cands = real(step, topn, target, precisions)
+        if step.tactic_kind == "linear":
+            desc = T.step_from_json(step.desc)
+            wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
+            cands.insert(0, dataclasses.replace(wrong, name="wrong"))
+        return cands
+
+    monkeypatch.setattr(tactic_tune, "candidates_for", wrong_first)
+    m = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
+    x = torch.randn(8, 16)
+    found = _found(m, x)
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=1, cache_dir=tmp_path), FAST,
+                        compile_epilogue=False, gemm=False)
+    tuner(x)
+    (ch,) = tuner.choices.values()
+    assert ch.candidates[0].name == "wrong" and ch.results[0].disqualified["reason"] == "wrong result"
+    assert ch.checked and ch.best == 1 and tuner.profiled == 0
+    (step,) = tuner.instances
+    assert tuner.decisions()[id(step)] == 1   # the next candidate that passed, never the wrong one
 
 
 def test_manifest_tactic_entries_round_trip_and_are_checked():

@@ -16,6 +16,8 @@ ov_f32, ov         ``openvino.convert_model(module, example_input=...)`` -> ``.x
                    ``INFERENCE_PRECISION_HINT`` f32, ``ov`` with OpenVINO's default precision (bfloat16
                    on a CPU with AVX512_BF16 or AMX: docs/DESIGN.md §8)
 bundle1, bundleN   the ``.ascpack`` built with ``--topn 1`` / ``--topn N``, ``ascendc_pack_runtime.load``
+bundleN_bf16       the ``.ascpack`` built with ``--topn N --precision bf16`` (default accuracy budget): its
+                   peer is the fastest contender computing in the precision it ended up in
 =================  ==========================================================================
 """
 
@@ -56,6 +58,7 @@ CONTENDERS = (
     Kind("ov", "OpenVINO default", "openvino", precision="default"),
     Kind("bundle1", ".ascpack --topn 1", "bundle1", bundle=True),
     Kind("bundleN", ".ascpack --topn {n}", "bundleN", bundle=True),
+    Kind("bundleN_bf16", ".ascpack --topn {n} --precision bf16", "bundleN_bf16", bundle=True, precision="default"),
 )
 BY_ID = {k.cid: k for k in CONTENDERS}
 #: contender ids in report order
@@ -129,16 +132,20 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                 path = out / f"{loaded.name}{tag}.onnx"
                 torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
         seconds = time.perf_counter() - t0
-    elif kind in ("bundle1", "bundleN"):
+    elif kind in ("bundle1", "bundleN", "bundleN_bf16"):
         from ascendc_pack.pipeline import build_file
         from ascendc_pack.bench.kernels import choices_json
 
         n = 1 if kind == "bundle1" else topn
-        path = out / f"{Path(model_file).stem}.topn{n}{tag}.ascpack"
+        low = kind == "bundleN_bf16"
+        path = out / f"{Path(model_file).stem}.topn{n}{'.bf16' if low else ''}{tag}.ascpack"
         t0 = time.perf_counter()
-        result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"))
+        result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"),
+                            precision="bf16" if low else None)
         # like AOTInductor's compile and torch.compile's first call: without loading the model file
         seconds = time.perf_counter() - t0 - result.seconds.get("load", 0.0)
+        if result.precision is not None:
+            extra["precision_record"] = result.precision.to_json()
         extra.update(stages=dict(result.seconds), candidate_compiles=result.kernels_compiled,
                      cache_hits=result.cache_hits, fallbacks=len(result.fallbacks),
                      kernels=choices_json(result.choices))
@@ -268,7 +275,7 @@ class Contender:
             import ascendc_pack_runtime as rt
 
             model = rt.load(artifact)
-            self.precision = bundle_precision(model.manifest)
+            self.precision = bundle_precision(model.contract)
             return lambda ins: (lambda: model(*ins))
         if cid == "ort":
             return _ort_binder(artifact, load_model_file(model_file).module, len(inputs))

@@ -1,8 +1,8 @@
 """Apply the tactic choices to the program (after :mod:`ascendc_pack.tactics.tune`, before fusion).
 
-* A step whose choice is candidate 0 gets its ATen steps back, exactly as captured, so the fuser
-  sees what it would have seen without tactics (the epilogue fuses as before: candidate 0 is
-  never worse than the pipeline without tactics).
+* A step whose choice is the as-captured candidate (``TacticChoice.captured``) gets its ATen
+  steps back, exactly as captured, so the fuser sees what it would have seen without tactics
+  (the epilogue fuses as before).
 * Any other choice is *lowered*: its build-stage derivations run now (BatchNorm folded into the
   weights, a ``[k, n]`` weight transposed, a channels_last weight) and their results become
   model weights; ``chosen`` keeps the load-stage derivations (oneDNN / MKL packing for this
@@ -48,7 +48,7 @@ class LoweringResult:
 
 def lower_tactics(model: ModelProgram, weights: dict[str, torch.Tensor], decisions: dict[int, int],
                   choices: dict) -> LoweringResult:
-    """Apply ``decisions`` (candidate index by ``id(step)``; missing: candidate 0) using the
+    """Apply ``decisions`` (candidate index by ``id(step)``; missing: the as-captured one) using the
     candidates and recorded layouts of ``choices`` (:class:`~ascendc_pack.tactics.tune.TacticChoice`
     by step name). Neither argument is modified."""
     sink = WeightSink(model, weights)
@@ -81,10 +81,11 @@ class _Lowerer:
         steps, needs, values = [], [], dict(p.values)
         for s in p.steps:
             if isinstance(s, TacticStep):
-                index = self.decisions.get(id(s), 0)
-                if index and self.choices[s.name].results[index].values is None:
-                    index = 0  # never run on real inputs: its layouts are unknown, keep it as captured
-                if index == 0:
+                ch = self.choices[s.name]
+                index = self.decisions.get(id(s), ch.captured)
+                if index != ch.captured and ch.results[index].values is None:
+                    index = ch.captured  # never run: its layouts are unknown, keep it as captured
+                if index == ch.captured:
                     self.inlined += 1
                     steps.extend(s.steps)
                     continue

@@ -53,6 +53,8 @@ class OutputCheck:
 
     def describe(self) -> str:
         """One line for a report: the error and the allowed error."""
+        if self.problem is None and self.rule.startswith("relative error"):
+            return f"{self.name}: relative error {self.max_error:.3g} (budget {self.allowed:.3g})"
         if self.problem is None:
             return f"{self.name}: max error {self.max_error:.3g} (allowed {self.allowed:.3g})"
         return f"{self.name}: {self.problem}"
@@ -153,6 +155,26 @@ def relative_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
     if diff == 0.0:
         return 0.0
     return diff / norm if norm > 0 else float("inf")
+
+
+def check_budget(names: list[str], expected: list, actual: list, budget: float) -> list[OutputCheck]:
+    """Compare flat lists of outputs by a precision budget (a bundle with low-precision steps,
+    manifest ``precision``): every floating output's :func:`relative_error` at most ``budget``;
+    integer and bool outputs must be equal (:func:`check_tensor`)."""
+    if len(expected) != len(actual):
+        return [OutputCheck("outputs", float("inf"), 0.0, None, None, None,
+                            f"expected {len(expected)} output tensors, got {len(actual)}", "")]
+    out = []
+    rule = f"relative error ||y - eager|| / ||eager|| <= the accuracy budget {budget:g}"
+    for n, e, a in zip(names, expected, actual):
+        if not (isinstance(e, torch.Tensor) and (e.dtype.is_floating_point or e.dtype.is_complex)):
+            out.append(check_tensor(n, e, a))
+            continue
+        rel = relative_error(e, a)
+        problem = None if rel <= budget else (f"relative error {rel:.3g} exceeds the accuracy budget {budget:g} the "
+                                              "bundle was built with")
+        out.append(OutputCheck(n, rel, budget, None, None, None, problem, rule))
+    return out
 
 
 def first_problem(checks: list[OutputCheck]) -> str | None:

@@ -31,7 +31,7 @@ from .errors import FormatNameError, FormatVersionError, ManifestJSONError, Memb
 from .names import check_member_name, path_conflicts
 from .outputs import count_leaves
 from .outputs import validate as validate_tree
-from .manifest_tactics import CallThreads, TacticCandidate, TacticStep
+from .manifest_tactics import CallThreads, Precision, TacticCandidate, TacticStep
 from .schema import MAX_COUNT, Fields, field_error, is_int, loads, show
 from .tensor_meta import itemsize, span_elems
 
@@ -422,6 +422,7 @@ class Manifest:
     out_tree: Mapping | None = None   # the output structure (ascendc_pack_runtime.outputs); optional
     tactics: tuple[TacticStep, ...] | None = None   # the tactic steps (optional: absent before tactics)
     call_threads: CallThreads | None = None   # the tuned thread cap of a call (optional: absent before it)
+    precision: Precision | None = None   # low precision under an accuracy budget (optional: --precision)
 
     def __post_init__(self):
         # a read-only view: the manifest is frozen all the way down (members are looked up by name)
@@ -458,6 +459,7 @@ class Manifest:
             out_tree=_out_tree(d.get("out_tree")),
             tactics=tuple(TacticStep.from_json(v, w) for v, w in f.list("tactics")) if "tactics" in d else None,
             call_threads=CallThreads.from_json(d["call_threads"]) if "call_threads" in d else None,
+            precision=Precision.from_json(d["precision"]) if "precision" in d else None,
         )
         m.validate()
         return m
@@ -485,6 +487,11 @@ class Manifest:
                 raise field_error(where, f"is {show(name)}, not one of the members")
         self._check_io()
         self._check_weights()
+        if self.precision is not None:
+            missing = sorted(set(self.precision.requires) - set(self.target.isa))
+            if missing:
+                raise field_error("precision.requires", f"lists {missing}, which target.isa does not: the runtime "
+                                  "would not refuse a host without them")
         if self.out_tree is not None and count_leaves(self.out_tree) != len(self.outputs):
             raise field_error("out_tree", f"holds {count_leaves(self.out_tree)} tensors but 'outputs' lists "
                                           f"{len(self.outputs)}")
@@ -544,6 +551,7 @@ class Manifest:
             "kernels": [k.to_json() for k in self.kernels],
             **({"tactics": [t.to_json() for t in self.tactics]} if self.tactics is not None else {}),
             **({"call_threads": self.call_threads.to_json()} if self.call_threads is not None else {}),
+            **({"precision": self.precision.to_json()} if self.precision is not None else {}),
             "members": {name: info.to_json() for name, info in self.members.items()},
         }
 
