@@ -95,7 +95,8 @@ def test_sdpa_with_mask_and_causal_grouped_query():
     k2, v2 = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     _, (g,) = _pass(Fn(lambda s, *a: F.scaled_dot_product_attention(*a, is_causal=True, enable_gqa=True)),
                     torch.randn(2, 4, 5, 8), k2, v2)
-    assert g.desc["kv_heads"] == 2 and g.bind["k"] == "xs_1" and g.desc["mask"] == "float"  # causal mask folded
+    # is_causal arrives as a folded 0/-inf mask weight, recognized as causal again (no mask read)
+    assert g.desc["kv_heads"] == 2 and g.bind["k"] == "xs_1" and g.desc["mask"] is None and g.desc["causal"]
     assert [t.name for t in candidates_for(g, 10)] == ["unfused", "flash"]
 
 
@@ -134,6 +135,36 @@ def test_written_out_attention_keeps_unsafe_softmax():
     _, (s,) = _pass(Fn(f), *(torch.randn(2, 2, 5, 8) for _ in range(3)), torch.randn(2, 1, 5, 5))
     assert not s.desc["safe_softmax"] and s.desc["scale"] == pytest.approx(0.3)
     assert [t.name for t in candidates_for(s, 10)] == ["unfused"]  # flash would turn NaN rows into 0
+
+
+class WhereMasked(nn.Module):
+    """Attention written out with ``torch.where(mask, scores, -inf)`` (a Llama-style block's)."""
+
+    def __init__(self, mask=None):
+        super().__init__()
+        if mask is not None:
+            self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v, *m):
+        s = q @ k.transpose(-2, -1) / 8.0
+        s = torch.where(m[0] if m else self.mask, s, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+
+def test_attention_with_a_where_mask_is_one_step_and_a_constant_causal_mask_becomes_causal():
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    res, (s,) = _pass(WhereMasked(causal), q, k, v)
+    assert s.tactic_kind == "attention" and s.desc["causal"] and s.desc["mask"] is None and "mask" not in s.bind
+    assert not s.desc["safe_softmax"] and s.desc["scale"] == pytest.approx(0.125)  # / 8 with head_dim 8
+    assert [t.name for t in candidates_for(s, 10)] == ["unfused", "flash"]   # no fully masked row: flash applies
+    other = causal.clone()
+    other[5, 2] = False                          # not causal: stays a boolean mask
+    _, (b,) = _pass(WhereMasked(other), q, k, v)
+    assert b.desc["mask"] == "bool" and tuple(b.desc["mask_shape"]) == (16, 16) and not b.desc["causal"]
+    assert [t.name for t in candidates_for(b, 10)] == ["unfused"]   # a row could be fully masked: NaN in eager
+    _, (i,) = _pass(WhereMasked(), q, k, v, torch.rand(2, 1, 16, 16) > 0.2)   # a mask the caller passes
+    assert i.desc["mask"] == "bool" and tuple(i.desc["mask_shape"]) == (2, 1, 16, 16) and "mask" in i.bind
 
 
 def test_shifted_window_attention_with_strided_heads_is_one_step():

@@ -464,3 +464,25 @@ def test_gated_mlp_multiplies_in_the_gemm_epilogue(tmp_path, cache, monkeypatch)
     assert gemms and all(t.spec.epilogue == ("mul",) and r.error is None for t, r in gemms)
     assert all(ch.candidates[u["chosen_index"]].family == "gemm" for ch in res.tactics.values() for u in ch.uses)
     _fresh_process_matches(out, model, (x,), tmp_path)
+
+
+def test_a_where_masked_causal_attention_builds_and_matches_eager(tmp_path, cache):
+    """A Llama-style ``torch.where(mask, scores, -inf)`` with a constant causal mask is one causal
+    attention step (issue 42: its two bmm stayed ATen); the bundle matches eager in a new process."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+            self.register_buffer("mask", torch.ones(12, 12, dtype=torch.bool).tril())
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 12, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            s = torch.where(self.mask, q @ k.transpose(-2, -1) / 8 ** 0.5, float("-inf"))
+            return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, 12, 32)
+
+    torch.manual_seed(0)
+    model, inputs = Block().eval(), (torch.randn(2, 12, 32),)
+    res, out = _build(tmp_path, cache, model, inputs, topn=2)
+    (attn,) = [ch for ch in res.tactics.values() if ch.kind == "attention"]
+    assert attn.desc["causal"] and attn.desc["mask"] is None and attn.visited
+    _fresh_process_matches(out, model, inputs, tmp_path)

@@ -196,6 +196,8 @@ class _State:
             log.debug("tactic pass: %s at %s not described (%s)", m.kind, m.output, e)
             return None
         bind = dict(m.bind)
+        if m.kind == "attention":
+            step = _causal(step, bind, consts)
         if m.affine is not None:
             mean, scale, bias = (consts.tensor(n).reshape(-1) if n else None for n in m.affine)
             shift = -mean * scale if bias is None else bias - mean * scale
@@ -209,6 +211,28 @@ class _State:
         return TacticStep(name="", tactic_kind=m.kind, desc=json.loads(json.dumps(step.to_json())), bind=bind,
                           shapes={k: tuple(v) for k, v in step.shapes().items()}, outputs=[m.output],
                           steps=[p.steps[i] for i in m.steps])
+
+
+def _causal(step, bind: dict, consts: Constants):
+    """An attention step whose mask is a constant causal one (``tril(ones(L, S))`` as a boolean
+    mask, or 0 / -inf as an additive one, broadcast over batch and heads) as ``causal=True``
+    without a mask (``bind`` loses it): flash attention and the generated kernel then skip the
+    masked half instead of reading a mask. Anything else is returned as it is."""
+    name = bind.get("mask")
+    if step.mask is None or step.mask_windows or name is None or name not in consts:
+        return step
+    L, S = step.q_len, step.kv_len
+    shape = tuple(step.mask_shape or ())
+    if len(shape) < 2 or shape[-2:] != (L, S) or any(d != 1 for d in shape[:-2]):
+        return step
+    t = consts.tensor(name).reshape(L, S)
+    keep = torch.ones(L, S, dtype=torch.bool).tril()
+    causal = torch.equal(t, keep) if step.mask == "bool" else \
+        torch.equal(t, torch.zeros(L, S, dtype=t.dtype).masked_fill(~keep, float("-inf")))
+    if not causal:
+        return step
+    del bind["mask"]
+    return dataclasses.replace(step, mask=None, mask_shape=None, causal=True)
 
 
 def _description(m: Match):
