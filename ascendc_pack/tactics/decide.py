@@ -123,6 +123,22 @@ class TacticChoice:
                 "uses": self.uses, **({"quality": self.quality.to_json()} if self.quality else {})}
 
 
+def order_by_prediction(ch: TacticChoice) -> None:
+    """Reorder ``ch``'s candidates in the model's own precision by predicted µs (the dispatcher
+    tactics' roofline, a generated kernel's family estimate; a tie or no prediction keeps the
+    given order), the low-precision ones after them as they were; ``captured`` follows. Called
+    before any result exists."""
+    native = [i for i in range(len(ch.candidates)) if ch.native(i)]
+    low = [i for i in range(len(ch.candidates)) if not ch.native(i)]
+    pred = ch.predicted_us or [None] * len(ch.candidates)
+    native.sort(key=lambda i: (pred[i] if pred[i] is not None else float("inf"), i))
+    order = native + low
+    captured = ch.candidates[ch.captured]
+    ch.candidates = [ch.candidates[i] for i in order]
+    ch.predicted_us = [pred[i] for i in order]
+    ch.captured = ch.candidates.index(captured)
+
+
 def pick_by_precision(ch: TacticChoice) -> None:
     """From the timed results: ``best`` the fastest candidate in the model's own precision (the
     selection's pick when it is one), ``low`` the fastest of each low precision."""
@@ -222,5 +238,5 @@ def synthetic_env(step: TacticStep, values: dict) -> dict:
     return env
 
 
-__all__ = ["TacticResult", "TacticChoice", "pick_by_precision", "offered_precisions", "low_check", "measured",
+__all__ = ["TacticResult", "TacticChoice", "order_by_prediction", "pick_by_precision", "offered_precisions", "low_check", "measured",
            "median", "predicted", "chain_decision", "verified_on", "synthetic_env"]

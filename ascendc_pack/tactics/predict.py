@@ -13,7 +13,10 @@ A candidate's time is a roofline with a fixed cost per call::
   GEMM / convolution of that library reaches and what one call costs besides. They were fitted to
   the per-step measurements of docs/TACTICS.md (``bench/tactics_bench.py``: oneDNN on a packed
   weight ~2x ATen's GEMM and ~1.3x its NCHW convolution; MKL's packed SGEMM level with ATen,
-  which is MKL; ATen cheapest per call on a 1-row GEMV, where every candidate streams the weight);
+  which is MKL; ATen cheapest per call on a 1-row GEMV, where every candidate streams the weight)
+  and to PGO's medians of a mobilenet_v3_small (the per-call costs);
+* a generated kernel (GEMM, convolution, attention) is predicted by its own family's cost model
+  (``est_us`` of its first tiling: :func:`~ascendc_pack.tactics.decide.order_by_prediction`);
 * a bfloat16 candidate (``*_bf16``, ``--precision``) runs its library's inner loops
   :func:`bf16_speedup` times faster and pays its conversions: the activations read in float32 and
   written in bfloat16, the result read in bfloat16 and written in float32 (6 bytes per element each);
@@ -47,14 +50,18 @@ class Rate:
 
 
 RATES = {
-    "aten": Rate(0.35, 4.0),        # ATen addmm (MKL sgemm) / aten::convolution, epilogue a separate pass
-    "mkl": Rate(0.35, 3.0),         # MKL packed SGEMM: no per-call packing of the weight
-    "onednn": Rate(0.70, 8.0),      # oneDNN on a weight packed at load, post-ops fused
-    "onednn_cl": Rate(0.70, 8.0),
-    "aten_cl": Rate(0.45, 6.0),     # oneDNN in NHWC behind ATen, the weight reordered per call
-    "unfused": Rate(0.35, 12.0),    # bmm, softmax, bmm: three calls
-    "flash": Rate(0.35, 6.0),       # torch's fused CPU flash attention
+    "aten": Rate(0.35, 20.0),       # ATen addmm (MKL sgemm) / aten::convolution, epilogue a separate pass
+    "mkl": Rate(0.35, 15.0),        # MKL packed SGEMM: no per-call packing of the weight
+    "onednn": Rate(0.70, 30.0),     # oneDNN on a weight packed at load, post-ops fused
+    "onednn_cl": Rate(0.70, 30.0),
+    "aten_cl": Rate(0.45, 25.0),    # oneDNN in NHWC behind ATen, the weight reordered per call
+    "unfused": Rate(0.35, 40.0),    # bmm, softmax, bmm: three calls
+    "flash": Rate(0.35, 25.0),      # torch's fused CPU flash attention
 }
+"""Fixed costs: a dispatcher call's primitive lookup, argument checks and allocation, as PGO on a
+mobilenet_v3_small measured them (a 1x1 convolution of one pixel: ATen 27 µs, oneDNN 42 µs, the
+generated GEMM 1.3 µs; 2-core Xeon, load 2): what lets a generated kernel's estimate (its family's
+cost model, no dispatcher in between) rank first on small steps, as PGO found it does."""
 
 
 def peak_flops_per_us(target: CpuTarget) -> float:

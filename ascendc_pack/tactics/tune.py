@@ -62,7 +62,8 @@ from ascendc_pack.ir.program import CondStep, ModelProgram, Program, TacticStep,
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import compile_kernel_tactics, plan_kernel_tactics, planned_total
 from ascendc_pack.tactics.decide import (TacticChoice, TacticResult, chain_decision, low_check, measured, median,
-                                         offered_precisions, pick_by_precision, predicted, synthetic_env)
+                                         offered_precisions, order_by_prediction, pick_by_precision, predicted,
+                                         synthetic_env)
 from ascendc_pack.tactics.dispatch.lowp import NATIVE, precision_of
 from ascendc_pack.tactics.predict import predict_us
 from ascendc_pack.tactics.rewrite import candidates_for, in_layout_chain, is_captured
@@ -121,8 +122,8 @@ class TacticTuner:
         # :meth:`compile`, before any run
         values_of = {s.name: self.programs[id(s)].values for s in firsts.values()}
         self._steps = firsts
-        self._kernel_plans = plan_kernel_tactics([s for s in firsts.values() if config.topn > 1], values_of,
-                                                 config) if gemm else {}
+        # at --topn 1 too: each family's first tiling, ranked with the rest by its own cost model
+        self._kernel_plans = plan_kernel_tactics(list(firsts.values()), values_of, config) if gemm else {}
         tuned = [s for s in firsts.values() if config.topn > 1 and
                  (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear" or s.name in self._kernel_plans)]
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
@@ -145,8 +146,10 @@ class TacticTuner:
         if self._compiled:
             return
         for name, cands in compile_kernel_tactics(self._kernel_plans, self._steps, self.config, progress).items():
-            self.choices[name].candidates += cands
-            self.choices[name].predicted_us += [None] * len(cands)  # ranked by their own generator
+            ch = self.choices[name]
+            ch.candidates += cands
+            ch.predicted_us += [t.est_us for t in cands]  # the family's own cost model
+            order_by_prediction(ch)
         if self._kernel_plans:  # timed on the pool graph.so runs them on
             self._pool = timing_pool(self.config)
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
@@ -206,29 +209,36 @@ class TacticTuner:
 
     def _check(self, ch: TacticChoice, step: TacticStep, env: dict, out: torch.Tensor) -> None:
         """``--topn 1``: verify the candidates in order, untimed, until one passes; it is ``best``
-        (the as-captured candidate passes by definition: it is the reference). Each low precision
-        offered gets its first candidate that passes too (``low``)."""
+        (the as-captured candidate passes by definition: it is the reference). A convolution of a
+        chain also gets its first channels_last candidate verified (the chain's layout is one
+        decision over its steps), and each low precision offered its first candidate that passes
+        (``low``)."""
         ch.checked = True
         named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
         ref64 = _reference64(step, env)
         groups: dict[str, list[int]] = {}
         for i, t in enumerate(ch.candidates):
             groups.setdefault(precision_of(t), []).append(i)
-        for prec, indices in groups.items():
+        if step.tactic_kind == "conv" and step.chain:
+            groups["channels_last"] = [i for i in groups.get(NATIVE, []) if in_layout_chain(ch.candidates[i])]
+        for group, indices in groups.items():
             for i in indices:
                 tactic = ch.candidates[i]
-                try:
-                    passed = self._verify(ch, i, tactic, step, named, out, ref64) is not None
-                except Exception as e:  # noqa: BLE001 - a failing candidate must not stop the build
-                    ch.results[i].error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
-                    log.warning("tactic %s: candidate #%d (%s) failed: %s", ch.name, i, tactic.name,
-                                ch.results[i].error)
-                    passed = False
-                if passed or i == ch.captured:
-                    if prec == NATIVE:
+                if ch.verified(i) or ch.results[i].error:
+                    passed = ch.verified(i)
+                else:
+                    try:
+                        passed = self._verify(ch, i, tactic, step, named, out, ref64) is not None
+                    except Exception as e:  # noqa: BLE001 - a failing candidate must not stop the build
+                        ch.results[i].error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+                        log.warning("tactic %s: candidate #%d (%s) failed: %s", ch.name, i, tactic.name,
+                                    ch.results[i].error)
+                        passed = False
+                if passed or (i == ch.captured and group == NATIVE):
+                    if group == NATIVE:
                         ch.best = i
-                    else:
-                        ch.low[prec] = i
+                    elif group != "channels_last":
+                        ch.low[group] = i
                     log.info("Tactic %s: candidate #%d (%s) verified%s, not timed (--topn 1: the cost model's order)",
                              ch.name, i, tactic.name, " on synthetic arguments" if ch.synthetic else "")
                     break
