@@ -334,3 +334,31 @@ def test_the_runtime_refuses_a_host_without_native_bfloat16(built, tmp_path, mon
     assert m.precision.requires[0] in msg and "--precision bf16" in msg and ei.value.field == "target.isa"
     with pytest.raises(ManifestFieldError, match="precision.requires"):
         contract.Manifest.from_json({**m.to_json(), "target": {**m.target.to_json(), "isa": ["sse2"]}})
+
+
+def test_every_kind_of_bf16_step_lowers_with_its_conversions_fused(tmp_path_factory, monkeypatch):
+    """Every step switched to its bfloat16 candidate (GEMM, convolution chain, attention): the
+    lowered steps keep only the heavy op, their conversions and the float32 rest of the epilogue
+    become ATen steps the fuser fuses (no aten::_to_copy left as a call), and the bundle matches
+    eager within the budget."""
+    if bf16_offered() is not None:
+        pytest.skip(f"no native bfloat16 here: {bf16_offered()}")
+    from ascendc_pack.frontend.loader import load_model_file
+
+    def every_step(tuner, decisions):
+        return [(1.0, name, ch.low["bf16"]) for name, ch in tuner.choices.items() if "bf16" in ch.low]
+
+    monkeypatch.setattr(P, "candidates", every_step)
+    root = tmp_path_factory.mktemp("every_bf16")
+    (root / "net.py").write_text(NET)
+    loaded = load_model_file(root / "net.py")
+    out = root / "all.ascpack"
+    res = build(loaded.module, loaded.example_inputs, calibration_inputs=loaded.calibration_inputs, output=out,
+                cache_dir=build_root(tmp_path_factory) / "build_cache", jobs=2, protocol=FAST, precision="bf16",
+                accuracy_budget=0.2)
+    chosen = {ch.kind: ch.candidates[u["chosen_index"]].name for ch in res.tactics.values() for u in ch.uses
+              if ch.candidates[u["chosen_index"]].name.endswith("_bf16")}
+    assert set(chosen) == {"linear", "conv", "attention"}, chosen
+    assert all(c.ok for c in res.verification) and res.precision.error <= 0.2
+    m = rt.read_manifest(out)
+    assert "aten._to_copy.default" not in (m.graph.aten_ops or {})   # fused into the kernels around

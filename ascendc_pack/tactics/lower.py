@@ -33,6 +33,7 @@ from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, R
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import from_lowered
 from ascendc_pack.tactics.families.registry import lowered_family
+from ascendc_pack.tactics.lower_casts import split_casts
 from ascendc_pack.tactics.rewrite import Constants, WeightSink, rewrite_cond
 
 
@@ -90,7 +91,7 @@ class _Lowerer:
                     steps.extend(s.steps)
                     continue
                 self.lowered += 1
-                steps.append(self.lower(s, index, consts, scope, needs, values))
+                steps.extend(split_casts(self.lower(s, index, consts, scope, needs, values), scope, values))
             elif isinstance(s, CondStep):
                 steps.append(rewrite_cond(self, s, consts, scope, needs, values))
             else:

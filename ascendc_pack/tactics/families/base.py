@@ -198,7 +198,7 @@ def compile_kernel_tactics(plans: dict, steps: dict[str, TacticStep], config,
                 log.info("%s %s candidate #%d did not compile", family, b.spec.name, rank)
                 continue
             extra = fam.extra(step, b.spec, str(cc.so_path), cc.candidate.kernel_key)
-            est = b.candidates[rank].est_us if rank < len(b.candidates) else None
+            est = getattr(b.candidates[rank], "est_us", None) if rank < len(b.candidates) else None  # a plugin may have none
             out[name].append(KernelTactic(family, step.tactic_kind, b.spec, cc.candidate, str(cc.so_path), rank,
                                           extra, est))
     return out
