@@ -362,3 +362,32 @@ def test_every_kind_of_bf16_step_lowers_with_its_conversions_fused(tmp_path_fact
     assert all(c.ok for c in res.verification) and res.precision.error <= 0.2
     m = rt.read_manifest(out)
     assert "aten._to_copy.default" not in (m.graph.aten_ops or {})   # fused into the kernels around
+
+
+def test_a_widen_move_narrow_round_trip_is_cancelled_bit_exactly():
+    """bfloat16 -> float32 -> views and a copy -> bfloat16 is the views and the copy on the
+    bfloat16 value (exact); a chain something else reads in float32 stays for that reader."""
+    from ascendc_pack.frontend.executor import run_program
+    from ascendc_pack.ir.program import AtenStep, Program, Ref, TensorSpec
+    from ascendc_pack.tactics.lower_casts import cancel_round_trips
+
+    def spec(shape, dtype, stride=None):
+        return TensorSpec(tuple(shape), dtype, stride)
+
+    steps = [AtenStep("aten._to_copy.default", [Ref("u")], {"dtype": torch.float32}, ["w"]),
+             AtenStep("aten.view.default", [Ref("w"), [4, 2, 6]], {}, ["v"]),
+             AtenStep("aten.permute.default", [Ref("v"), [1, 0, 2]], {}, ["p"]),
+             AtenStep("aten.clone.default", [Ref("p")], {"memory_format": torch.contiguous_format}, ["c"]),
+             AtenStep("aten._to_copy.default", [Ref("c")], {"dtype": torch.bfloat16}, ["out"]),
+             AtenStep("aten.mul.Tensor", [Ref("v"), 2.0], {}, ["other"])]   # a float32 reader of v
+    values = {"u": spec((4, 12), "bfloat16", (12, 1)), "w": spec((4, 12), "float32", (12, 1)),
+              "v": spec((4, 2, 6), "float32", (12, 6, 1)), "p": spec((2, 4, 6), "float32", (6, 12, 1)),
+              "c": spec((2, 4, 6), "float32", (24, 6, 1)), "out": spec((2, 4, 6), "bfloat16", (24, 6, 1)),
+              "other": spec((4, 2, 6), "float32", (12, 6, 1))}
+    p = Program(["u"], steps, ["out", "other"], values)
+    q = cancel_round_trips(p)
+    ops = [s.op for s in q.steps]
+    assert ops.count("aten._to_copy.default") == 1 and "aten.alias.default" in ops   # the float32 one, for `other`
+    u = torch.randn(4, 12).to(torch.bfloat16)
+    want, got = run_program(p, [u]), run_program(q, [u])
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(want, got))

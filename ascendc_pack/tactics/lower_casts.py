@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from ascendc_pack.ir.program import AtenStep, Ref, TacticStep, TensorSpec
+from ascendc_pack.ir.program import AtenStep, Program, Ref, TacticStep, TensorSpec
 from ascendc_pack.tactics.dispatch.spec import Dtype, MemoryFormat, Tactic
 from ascendc_pack.tactics.dispatch.spec import Ref as TRef
 from ascendc_pack.tactics.families.registry import DISPATCH, lowered_family
@@ -68,6 +68,22 @@ def _aten_op(qualified: str) -> str:
     ns, _, rest = qualified.partition("::")
     name, _, overload = rest.partition(".")
     return f"{ns}.{name.removesuffix('_')}.{overload or 'default'}"
+
+
+def core(tactic: Tactic) -> tuple[int, int] | None:
+    """``(head, last)``: a low-precision tactic's calls ``[head:last]`` are what a lowered step
+    keeps (the heavy op on bfloat16 values, its leading and trailing conversions fused away); None
+    for any other tactic. PGO times that core, as the bundle will run it."""
+    if tactic.param("precision", "fp32") == "fp32":
+        return None
+    calls = list(tactic.calls)
+    last = next((i for i, c in enumerate(calls) if _is_cast(c, "float32")), None)
+    if last is None:
+        return None
+    head = 0
+    while head < last and _is_cast(calls[head], "bfloat16") and calls[head].args[0].name in tactic.inputs:
+        head += 1
+    return head, last
 
 
 def split_casts(s: TacticStep, scope: str, values: dict) -> list:
@@ -138,4 +154,63 @@ def split_casts(s: TacticStep, scope: str, values: dict) -> list:
     return [*before, lowered, *after]
 
 
-__all__ = ["split_casts"]
+#: ops that move values without computing on them: a bfloat16 value goes through them unchanged
+DTYPE_AGNOSTIC = frozenset({
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
+    "aten.transpose.int", "aten.t.default", "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+    "aten.squeeze.default", "aten.expand.default", "aten.slice.Tensor", "aten.select.int", "aten.alias.default",
+    "aten.clone.default"})
+
+
+def cancel_round_trips(p: Program) -> Program:
+    """``_to_copy(moves(_to_copy(u, float32)), bfloat16)`` -> ``moves(u)`` for a bfloat16 ``u``
+    (``moves``: views and copies, :data:`DTYPE_AGNOSTIC`): a bfloat16 step's result feeding
+    another bfloat16 step through views (a ``qkv`` projection's heads into attention) stays
+    bfloat16 instead of being widened and narrowed again. Exact: widening bfloat16 is exact and
+    narrowing an exactly representable value gives it back. The float32 chain, when nothing else
+    reads it, is dead code after this (the lowering removes it)."""
+    producer = {o: s for s in p.steps if isinstance(s, AtenStep) for o in s.outputs if o}
+    values = dict(p.values)
+    made: dict[str, str] = {}   # float32 value -> its bfloat16 twin
+    steps: list = []
+
+    def twin(name: str, out: list) -> str | None:
+        """The bfloat16 twin of float32 value ``name`` (its steps appended to ``out``), or None."""
+        if name in made:
+            return made[name]
+        s = producer.get(name)
+        if s is None or s.multi or not s.args or not isinstance(s.args[0], Ref):
+            return None
+        src = s.args[0].name
+        if s.op == "aten._to_copy.default" and set(s.kwargs) == {"dtype"} and s.kwargs["dtype"] == torch.float32 \
+                and values.get(src) is not None and values[src].dtype == "bfloat16":
+            made[name] = src
+            return src
+        if s.op not in DTYPE_AGNOSTIC or any(isinstance(a, Ref) for a in s.args[1:]) \
+                or any(isinstance(v, Ref) for v in s.kwargs.values()):
+            return None
+        base = twin(src, out)
+        if base is None:
+            return None
+        new = f"{name}__bf16"
+        spec = values[name]
+        values[new] = TensorSpec(tuple(spec.shape), "bfloat16", spec.stride)
+        out.append(AtenStep(s.op, [Ref(base), *s.args[1:]], dict(s.kwargs), [new]))
+        made[name] = new
+        return new
+
+    for s in p.steps:
+        if isinstance(s, AtenStep) and s.op == "aten._to_copy.default" and set(s.kwargs) == {"dtype"} \
+                and s.kwargs["dtype"] == torch.bfloat16 and isinstance(s.args[0], Ref):
+            extra: list = []
+            src = twin(s.args[0].name, extra)
+            if src is not None:
+                steps += extra
+                steps.append(AtenStep("aten.alias.default", [Ref(src)], {}, list(s.outputs)))
+                values[s.outputs[0]] = values[src]   # the twin's layout, not the cast's
+                continue
+        steps.append(s)
+    return dataclasses.replace(p, steps=steps, values=values)
+
+
+__all__ = ["DTYPE_AGNOSTIC", "cancel_round_trips", "core", "split_casts"]
