@@ -250,7 +250,9 @@ def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch
     _fresh_process_matches(out, _model(), _inputs(), tmp_path, env={"ASCENDC_PACK_TASK_POOL": "0"})
 
 
-def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
+def _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn: int, first: bool) -> TacticTuner:
+    """A linear + relu model tuned with one more candidate that computes sigmoid instead of relu
+    (``first``: as candidate 0, else last), after one run."""
     real = tactic_tune.candidates_for
 
     def with_a_wrong_one(step, topn, target=None, precisions=()):
@@ -258,16 +260,21 @@ def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatc
         if step.tactic_kind == "linear":
             desc = T.step_from_json(step.desc)
             wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
-            cands.append(dataclasses.replace(wrong, name="wrong"))
+            cands.insert(0 if first else len(cands), dataclasses.replace(wrong, name="wrong"))
         return cands
 
     monkeypatch.setattr(tactic_tune, "candidates_for", with_a_wrong_one)
     m = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
     x = torch.randn(8, 16)
     found = _found(m, x)
-    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=4, cache_dir=tmp_path), FAST,
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=topn, cache_dir=tmp_path), FAST,
                         compile_epilogue=False, gemm=False)
     tuner(x)
+    return tuner
+
+
+def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
+    tuner = _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn=4, first=False)
     (ch,) = tuner.choices.values()
     bad = ch.results[-1]
     assert bad.name == "wrong" and bad.disqualified["reason"] == "wrong result" and bad.median_us is None
@@ -403,23 +410,7 @@ def test_topn_1_takes_each_steps_predicted_candidate_verified_not_timed(tmp_path
 
 
 def test_topn_1_falls_back_when_candidate_0_fails_verification(tmp_path, monkeypatch):
-    real = tactic_tune.candidates_for
-
-    def wrong_first(step, topn, target=None, precisions=()):
-        cands = real(step, topn, target, precisions)
-        if step.tactic_kind == "linear":
-            desc = T.step_from_json(step.desc)
-            wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
-            cands.insert(0, dataclasses.replace(wrong, name="wrong"))
-        return cands
-
-    monkeypatch.setattr(tactic_tune, "candidates_for", wrong_first)
-    m = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
-    x = torch.randn(8, 16)
-    found = _found(m, x)
-    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=1, cache_dir=tmp_path), FAST,
-                        compile_epilogue=False, gemm=False)
-    tuner(x)
+    tuner = _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn=1, first=True)
     (ch,) = tuner.choices.values()
     assert ch.candidates[0].name == "wrong" and ch.results[0].disqualified["reason"] == "wrong result"
     assert ch.checked and ch.best == 1 and tuner.profiled == 0
