@@ -199,8 +199,10 @@ def bf16_cell(r: dict) -> str:
     relative errors of both."""
     b = r["contenders"].get("bundleN_bf16") or {}
     best = r.get("best_peer", {}).get("bundleN_bf16")
-    if b.get("status") != "ok" or not best:
+    if b.get("status") != "ok":
         return "-" if not b else b.get("status", "-")
+    if not best:
+        return f"no peer computes in {b.get('precision')}"
     peer = r["contenders"][best["peer"]]
     return (f"{report.fmt_spread(best)} vs {peer['label']} ({b.get('precision')}: {b.get('rel_error', 0):.1e} vs "
             f"{peer.get('rel_error', 0):.1e})")
