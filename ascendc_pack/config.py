@@ -31,6 +31,16 @@ ENV_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 ENV_COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
 ENV_DEBUG = "TORCH_COMPILE_DEBUG"
 
+PRECISIONS = ("fp32", "bf16", "int8", "auto")
+"""``--precision`` values: ``fp32`` the model's own dtype (today's behaviour; also what leaving it out
+means), ``bf16`` / ``int8`` offer candidates of that precision for the heavy steps, ``auto`` every
+low precision the host offers (docs/PRECISION.md)."""
+UNAVAILABLE = {"int8": "int8 candidates (oneDNN quantized linear / convolution with calibrated scales) are not "
+                       "built yet (docs/PRECISION.md); use --precision bf16 or auto"}
+"""Precisions the option names but the build cannot offer yet, with the reason."""
+DEFAULT_ACCURACY_BUDGET = 1e-2
+"""The default ``--accuracy-budget``: every output's relative error ``||y - y_fp32|| / ||y_fp32||``
+on every calibration input set stays within 1 % (docs/PRECISION.md says why)."""
 MAX_TOPN = 10
 """Most candidates a kernel may propose (torch_npu's ``AUTOTUNE_TOPN``)."""
 MAX_COMPILE_THREADS = 32
@@ -75,7 +85,10 @@ class BuildConfig:
     live under ``cache_dir/ascendc``; ``jobs``: parallel candidate compiles (1 = serial, in the
     calling thread); ``debug``: keep sources and compile commands under ``torch_compile_debug/``;
     ``cores``: core limit (None = every usable core); ``march``: g++ ``-march=`` value;
-    ``backend``: the target device's backend (:mod:`ascendc_pack.backends.registry`; only ``cpu`` today).
+    ``backend``: the target device's backend (:mod:`ascendc_pack.backends.registry`; only ``cpu`` today);
+    ``precision``: None (the model's own dtype) or one of :data:`PRECISIONS`; ``accuracy_budget``:
+    the largest relative output error a low precision may cost (:data:`DEFAULT_ACCURACY_BUDGET` when
+    a low precision is asked for without one).
     """
 
     topn: int = 1
@@ -85,6 +98,8 @@ class BuildConfig:
     cores: int | None = None
     march: str = DEFAULT_MARCH
     backend: str = DEFAULT_BACKEND
+    precision: str | None = None
+    accuracy_budget: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
@@ -96,10 +111,14 @@ class BuildConfig:
         if self.cores is not None:
             _check_cores(self.cores, "cores", self.backend)
         _check_march(self.march, "march")
+        _check_precision(self.precision, self.accuracy_budget, "precision", "accuracy_budget")
+        if self.low_precision and self.accuracy_budget is None:
+            object.__setattr__(self, "accuracy_budget", DEFAULT_ACCURACY_BUDGET)
 
     @classmethod
     def resolve(cls, topn: Any = None, cache_dir: Any = None, jobs: Any = None, debug: bool | None = None,
                 cores: Any = None, march: str | None = None, backend: str | None = None,
+                precision: str | None = None, accuracy_budget: Any = None,
                 env: Mapping[str, str] = os.environ) -> BuildConfig:
         """Combine explicit values (CLI/API, ``None`` = not given), ``env`` and the defaults.
 
@@ -115,12 +134,19 @@ class BuildConfig:
             cores=None if cores is None else _check_cores(cores, "--cores", backend or DEFAULT_BACKEND),
             march=DEFAULT_MARCH if march is None else _check_march(march, "--march"),
             backend=DEFAULT_BACKEND if backend is None else check_backend_name(backend, "--backend"),
+            precision=precision,
+            accuracy_budget=_check_precision(precision, accuracy_budget, "--precision", "--accuracy-budget"),
         )
 
     @property
     def kernel_cache_root(self) -> Path:
         """``<cache_dir>/ascendc``: the root of every fused kernel's cache directory."""
         return self.cache_dir / KERNEL_CACHE_SUBDIR
+
+    @property
+    def low_precision(self) -> bool:
+        """Whether low-precision candidates are asked for (``--precision bf16|int8|auto``)."""
+        return self.precision in ("bf16", "int8", "auto")
 
     @property
     def effective_cores(self) -> int:
@@ -130,7 +156,8 @@ class BuildConfig:
     def to_json(self) -> dict:
         """Plain-data form (for logs and the manifest)."""
         return {"topn": self.topn, "cache_dir": str(self.cache_dir), "jobs": self.jobs,
-                "debug": self.debug, "cores": self.cores, "march": self.march, "backend": self.backend}
+                "debug": self.debug, "cores": self.cores, "march": self.march, "backend": self.backend,
+                "precision": self.precision, "accuracy_budget": self.accuracy_budget}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -231,3 +258,25 @@ def _check_march(raw: Any, source: str) -> str:
         raise ConfigError(f"{source} must be a g++ -march= value such as 'native' or 'x86-64-v3', "
                           f"got: {raw!r}")
     return raw
+
+
+def _check_precision(precision: Any, budget: Any, source: str, budget_source: str) -> float | None:
+    """Validate ``--precision`` / ``--accuracy-budget``; returns the budget as a float (or None)."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"{source} must be one of {', '.join(PRECISIONS)} (fp32: the model's own dtype, the "
+                          f"default), got: {precision!r}")
+    if precision in UNAVAILABLE:
+        raise ConfigError(f"{source} {precision}: {UNAVAILABLE[precision]}")
+    if budget is None:
+        return None
+    try:
+        value = float(budget) if not isinstance(budget, bool) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not 0.0 < value < 1.0:
+        raise ConfigError(f"{budget_source} must be a relative error between 0 and 1 (e.g. 0.01: every output "
+                          f"within 1 % of float32 on the calibration inputs), got: {_raw_text(budget)}")
+    if precision not in ("bf16", "int8", "auto"):
+        raise ConfigError(f"{budget_source} limits the error of a low precision; pass --precision bf16, int8 or "
+                          f"auto with it (with {precision or 'the default precision'} nothing is rounded)")
+    return value

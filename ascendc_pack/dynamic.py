@@ -268,6 +268,10 @@ def build_file(model_file, *, dynamic_batch: str | None = None, buckets: str | N
         decl, sets = cli_input_sets(loaded.example_inputs, names, lo, hi, sizes)
     else:
         decl, sets = loaded.dynamic, loaded.all_input_sets
+    if kwargs.pop("precision", None) not in (None, "fp32"):
+        raise PackError(f"{model_file} has dynamic dims: --precision with dynamic dims is not built yet; build it "
+                        "without --precision (float32), or with static shapes")
+    kwargs.pop("accuracy_budget", None)
     kwargs.setdefault("output", Path(f"{loaded.name}.ascpack"))
     kwargs.setdefault("output_names", loaded.output_names)
     return build_dynamic(loaded.module, sets, decl, name=loaded.name, **kwargs)

@@ -80,6 +80,7 @@ class Prepared:
     seconds: dict
     tactics_profiled: int = 0
     tactics_disqualified: int = 0
+    precision: object = None   # the PrecisionReport of --precision (None: the model's own precision)
 
     def __iter__(self):  # (captured, fused, kernels, seconds), as before tactics
         return iter((self.captured, self.fused, self.kernels, self.seconds))
@@ -114,6 +115,7 @@ class BuildResult:
     tactics_profiled: int = 0
     tactics_disqualified: int = 0
     call_threads: object = None   # the manifest's CallThreads record (None: not tuned: --topn 1, 1 core)
+    precision: object = None      # the PrecisionReport of --precision (None: the model's own precision)
 
     def summary(self) -> str:
         from ascendc_pack.tactics.report import tactic_table
@@ -124,6 +126,8 @@ class BuildResult:
             text += "\n\n" + tactic_table(self.tactics)
         if self.call_threads is not None:
             text += "\n\ncall threads: " + self.call_threads.describe()
+        if self.precision is not None:
+            text += "\n\n" + self.precision.describe()
         if self.verification:
             text += "\n\n" + verification_table(self.verification)
         return text
@@ -174,11 +178,11 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
             st.note("reused from the capture cache")
         folded = fold_constants(captured.model, captured.weights)
         captured = Captured(elide_copies(folded.model), folded.weights)
-    choices, counts = {}, (0, 0)
+    choices, counts, precision = {}, (0, 0), None
     if tactics and backend.name == "cpu":  # tactics are CPU kernels; on npu heavy steps stay ATen (torch_npu)
         with meta_layout_cache(config.cache_dir):
-            captured, choices, counts = _tactics(captured, config, progress, input_sets or [], protocol,
-                                                 before_tuning)
+            captured, choices, counts, precision = _tactics(captured, config, progress, input_sets or [], protocol,
+                                                            before_tuning)
         # a lowered step may return the layout a clone after it makes (an attention kernel's output)
         captured = Captured(elide_copies(captured.model), captured.weights)
     with progress.stage("fuse"):
@@ -190,7 +194,7 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
         fused = inline_kernels(fused, unsupported)
     with progress.stage("compile", total=total_candidates(fused.program, config)) as st:
         kernels = prepare_kernels(fused.program, config, st.advance)
-    return Prepared(captured, fused, kernels, choices, dict(progress.seconds), *counts)
+    return Prepared(captured, fused, kernels, choices, dict(progress.seconds), *counts, precision=precision)
 
 
 def _tactics(captured: Captured, config, progress, input_sets, protocol, before_tuning=None):
@@ -202,7 +206,7 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
 
     found = find_tactics(captured.model, captured.weights)
     if not found.found:
-        return captured, {}, (0, 0)
+        return captured, {}, (0, 0), _no_steps_precision(config)
     tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol())
     with progress.stage("compile", total=tuner.compile_total()) as st:  # GEMM tilings, epilogue kernels
         tuner.compile(st.advance)
@@ -218,9 +222,28 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
     finally:
         tuner.close()
     decisions = tuner.decisions()
+    precision = None
+    if config.low_precision:  # which steps run in low precision: the whole model's error under the budget
+        from ascendc_pack.tactics import precision as lowp
+
+        with progress.stage("precision", label="precision under the accuracy budget"):
+            precision = lowp.choose(tuner, decisions, input_sets, config.precision, config.accuracy_budget)
+        tuner.record_uses(decisions)
     lowered = lower_tactics(found.model, found.weights, decisions, tuner.choices)
     model = propagate_layouts(lowered.model) if lowered.lowered else lowered.model
-    return Captured(model, lowered.weights), tuner.choices, (tuner.profiled, tuner.disqualified)
+    return Captured(model, lowered.weights), tuner.choices, (tuner.profiled, tuner.disqualified), precision
+
+
+def _no_steps_precision(config):
+    """The precision report of a model without heavy steps (None without ``--precision``)."""
+    if not config.low_precision:
+        return None
+    from ascendc_pack.tactics.precision import PrecisionReport
+    from ascendc_pack.tactics.tune import offered_precisions
+
+    offered, why = offered_precisions(config)
+    return PrecisionReport(config.precision, config.accuracy_budget, offered, why,
+                           note="the model has no heavy step (GEMM, convolution, attention) to run in low precision")
 
 
 def _reach_without_running(tuner, model, input_sets) -> bool:
@@ -264,7 +287,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
           cores: int | None = None, cache_dir=None, jobs: int | None = None, debug: bool | None = None,
           march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
           protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
-          output_names: list[str] | None = None, tactics: bool = True) -> BuildResult:
+          output_names: list[str] | None = None, tactics: bool = True, precision: str | None = None,
+          accuracy_budget: float | None = None) -> BuildResult:
     """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, docs/DESIGN.md §2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
@@ -282,6 +306,10 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     ``output_names``: one name per output tensor (default: dict keys, namedtuple fields,
     ``output_<i>``). ``tactics``: give the heavy steps (GEMM, convolution, attention) candidate
     implementations timed by PGO (docs/TACTICS.md); False keeps them ATen as captured.
+    ``precision`` (``fp32`` / None: the model's own dtype; ``bf16``, ``auto``) offers low-precision
+    candidates of the heavy steps, chosen per step under ``accuracy_budget`` (the largest relative
+    output error on the example and calibration inputs, default 1e-2; docs/PRECISION.md); the
+    bundle's verification then compares by that budget.
 
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
@@ -293,7 +321,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     from ascendc_pack.tune.python_mode import inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
-                                 backend=backend)
+                                 backend=backend, precision=precision, accuracy_budget=accuracy_budget)
     name = name or type(model).__name__
     progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
@@ -318,15 +346,16 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     with progress.stage("bundle", label="graph compile + bundle"):
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
         bundle_args = (inline_kernels(fused, fallbacks), captured.weights, choices, staged, config)
-        report = build_bundle(*bundle_args, tactics=prep.tactics)
+        report = build_bundle(*bundle_args, tactics=prep.tactics, precision=prep.precision)
     call_threads = _tune_call_threads(staged, input_sets[0], config, report, progress, remove_on_error=verify,
                                       rewrite=lambda rec: build_bundle(*bundle_args, tactics=prep.tactics,
-                                                                       call_threads=rec))
+                                                                       call_threads=rec, precision=prep.precision))
     checks = []
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
+            budget = prep.precision.budget if prep.precision is not None and prep.precision.computes != "fp32" else None
             checks = _verify_bundle(model, input_sets, staged, out, captured.model.output_names, atol, rtol,
-                                    random_ops(captured.model.program))
+                                    random_ops(captured.model.program), budget=budget)
     seconds = {k: v for k, v in progress.seconds.items() if k not in ("bundle", "verify")}
     seconds["graph_compile"] = report.graph.compile_seconds
     seconds["bundle"] = max(0.0, progress.seconds["bundle"] - report.graph.compile_seconds)
@@ -337,7 +366,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                        kernels_profiled=pm.kernels_profiled, cache_hits=counts.cache_hits,
                        compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
                        fallbacks=fallbacks, verification=checks, tactics=prep.tactics, call_threads=call_threads,
-                       tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified)
+                       tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified,
+                       precision=prep.precision)
 
 
 def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, config, name: str, progress,
@@ -388,11 +418,12 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
 
 
 def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol, random: list[str] = (),
-                   also=None) -> list:
-    """Load the staged bundle with the runtime, compare it with eager, then move it to ``out``;
-    on a mismatch (or a load failure) delete it and raise VerificationError (``random``: the
-    program's random-number ops, which explain a mismatch). ``also(model)``: more checks of the
-    loaded model (a dynamic bundle's generic plan)."""
+                   also=None, budget=None) -> list:
+    """Load the staged bundle with the runtime, compare it with eager (by the precision ``budget``
+    when steps run in low precision), then move it to ``out``; on a mismatch (or a load failure)
+    delete it and raise VerificationError (``random``: the program's random-number ops, which
+    explain a mismatch). ``also(model)``: more checks of the loaded model (a dynamic bundle's
+    generic plan)."""
     import ascendc_pack_runtime as rt
 
     try:
@@ -401,7 +432,7 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
         except rt.BundleError as exc:
             raise VerificationError(f"the new bundle does not load: {exc}") from None
         try:
-            checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol)
+            checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol, budget=budget)
             if also is not None:
                 checks += also(model)
         finally:
@@ -417,7 +448,8 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
                     "(model.eval(), no sampling in forward), or pass --no-verify to ship it as it is.")
             raise VerificationError(
                 f"the new bundle does not match eager on {bad[0].label}: {bad[0].problem}. No bundle was "
-                f"written to {out}{kept}. If the difference is acceptable, rebuild with --atol/--rtol; "
+                f"written to {out}{kept}. If the difference is acceptable, rebuild with "
+                f"{'a larger --accuracy-budget' if budget is not None else '--atol/--rtol'}; "
                 "--no-verify skips this check. Otherwise please report it: it is a bug in ascendc-pack.")
         os.replace(staged, out)
         return checks

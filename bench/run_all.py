@@ -4,7 +4,8 @@
     .venv/bin/python bench/run_all.py [--topn 4] [--repeat 20] [--cold-runs 5] [--models a,b]
 
 For each model, ``ascendc_pack.bench.bench_model`` builds and times every contender (eager,
-torch.compile default and freezing, AOTInductor, ONNX Runtime without spinning, the .ascpack
+torch.compile default and freezing, AOTInductor, ONNX Runtime without spinning, OpenVINO in float32
+and at its default precision (bfloat16 on an AVX512_BF16 / AMX host), the .ascpack
 bundle with --topn 1 and --topn N) side by side, one process per contender, interleaved rounds,
 each round with a quiet and a busy phase (one core kept busy by another process), plus a warm
 rebuild of the tuned bundle. The report holds only numbers measured by this run: per model the
@@ -36,9 +37,9 @@ from ascendc_pack.errors import PackError  # noqa: E402
 
 MODELS = {**{name: ROOT / "examples" / f"{name}.py" for name in bench.EXAMPLES},
           **{p.stem: p for p in sorted((ROOT / "bench" / "models").glob("*.py")) if not p.stem.startswith("_")}}
-CHART_ORDER = ("eager", "compile", "compile_freeze", "aoti", "ort", "bundle1", "compile_ascendc")
+CHART_ORDER = ("eager", "compile", "compile_freeze", "aoti", "ort", "ov_f32", "ov", "bundle1", "compile_ascendc")
 COLORS = {"eager": "#7f7f7f", "compile": "#1f77b4", "compile_freeze": "#17becf", "aoti": "#ff7f0e",
-          "ort": "#2ca02c", "bundle1": "#9467bd", "compile_ascendc": "#d62728"}
+          "ort": "#2ca02c", "ov_f32": "#8c564b", "ov": "#e377c2", "bundle1": "#9467bd", "compile_ascendc": "#d62728"}
 
 
 def git_state() -> str:
@@ -117,6 +118,7 @@ def machine_rows(machine: dict, load_start, load_end) -> list[list[str]]:
             ["OS kernel / arch", f"{machine['kernel']} / {machine['machine']}"],
             ["Python / torch", f"{machine['python']} / {machine['torch']}"],
             ["onnxruntime / onnx / onnxscript", " / ".join(str(machine.get(m)) for m in ("onnxruntime", "onnx", "onnxscript"))],
+            ["openvino", str(machine.get("openvino"))],
             ["torchvision / timm / transformers", " / ".join(str(machine.get(m)) for m in ("torchvision", "timm", "transformers"))],
             ["g++", str(machine.get("g++"))],
             ["load average at start (1/5/15 min)", " ".join(f"{v:.2f}" for v in load_start) if load_start else "?"],
@@ -130,7 +132,11 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
         "`torch.compile(options={\"freezing\": True})` (`torch._inductor.config.freezing`); AOTInductor "
         "(`torch.export` → `aoti_compile_and_package` → `.pt2` → `aoti_load_package`); ONNX Runtime CPU "
         f"(`torch.onnx.export(dynamo=True)`, intra-op threads = usable cores ({cfg.get('cores')}), "
-        "`session.intra_op.allow_spinning=0`); the `.ascpack` bundle built with `--topn 1` and with "
+        "`session.intra_op.allow_spinning=0`); OpenVINO CPU (`openvino.convert_model(module, example_input=...)`, "
+        "weights kept float32, `PERFORMANCE_HINT` LATENCY, `INFERENCE_NUM_THREADS` = usable cores) twice: "
+        "`OpenVINO f32` with `INFERENCE_PRECISION_HINT` f32 and `OpenVINO default` with OpenVINO's own default "
+        "(bfloat16 on a CPU with AVX512_BF16 or AMX: its `precision` column says what it ran); "
+        "the `.ascpack` bundle built with `--topn 1` and with "
         f"`--topn {topn}`, loaded by `ascendc_pack_runtime.load`.",
         "- Correctness first: eager's outputs on the example inputs (and a float64 run where the model "
         "allows) are the reference; every contender's first output is checked by the project's accuracy "
@@ -154,7 +160,10 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
         "range ÷ median of the per-round medians; a row with spread above 10% (or under 3 rounds) is flagged "
         "UNSTABLE. Ratios are paired by round: the median over rounds of (bundle round median ÷ contender "
         "round median), with its IQR; below 1 the bundle is faster. Best peer = the fastest correct "
-        "non-bundle contender.",
+        "non-bundle contender computing in the bundle's precision (float32: OpenVINO's bfloat16 default is not "
+        "a float32 bundle's peer). A contender computing in a lower precision is checked only for a broken "
+        "conversion (relative error above 0.25 is WRONG) and reported with its relative error "
+        "||y - eager|| / ||eager|| (`rel error`).",
         "- Contention: " + ("every round also has a busy phase (order of the two phases alternating), in which "
                             "another process spins on one core: a Python `while True: pass` loop, "
                             + (f"pinned to core {cfg.get('busy_core')}" if cfg.get("busy_core") is not None
@@ -176,10 +185,34 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
         "`Tensor.copy_` timed during the benchmark. GB/s and % of copy are printed only from stable timings.", ""]
 
 
+def ov_cell(r: dict) -> str:
+    """The tuned bundle ÷ OpenVINO at its default precision, with that precision and its error."""
+    ov = r["contenders"].get("ov") or {}
+    ratio = (r.get("ratios", {}).get("bundleN") or r.get("ratios", {}).get("bundle1") or {}).get("ov")
+    if ov.get("status") != "ok" or not ratio:
+        return "-" if not ov else ov.get("status", "-")
+    return f"{report.fmt_spread(ratio)} ({ov.get('precision')}, {ov.get('rel_error', 0):.1e})"
+
+
+def bf16_cell(r: dict) -> str:
+    """The bfloat16 bundle ÷ the fastest peer computing in the precision it ended up in, with the
+    relative errors of both."""
+    b = r["contenders"].get("bundleN_bf16") or {}
+    best = r.get("best_peer", {}).get("bundleN_bf16")
+    if b.get("status") != "ok":
+        return "-" if not b else b.get("status", "-")
+    if not best:
+        return f"no peer computes in {b.get('precision')}"
+    peer = r["contenders"][best["peer"]]
+    return (f"{report.fmt_spread(best)} vs {peer['label']} ({b.get('precision')}: {b.get('rel_error', 0):.1e} vs "
+            f"{peer.get('rel_error', 0):.1e})")
+
+
 def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[str]]]:
     head = ["model", f".ascpack --topn {topn} ÷ best peer", ".ascpack --topn 1 ÷ best peer", "best peer",
             f"--topn {topn} slowdown ÷ ORT slowdown", f"--topn {topn} busy ÷ ORT busy",
-            f"--topn {topn} after idle ÷ best peer",
+            f"--topn {topn} after idle ÷ best peer", f"--topn {topn} ÷ OpenVINO default (its precision, rel error)",
+            f"--topn {topn} --precision bf16 ÷ best peer at its precision (both rel errors)",
             "bundle build ÷ AOTI compile"]
     rows = []
     for r in results:
@@ -192,7 +225,8 @@ def summary_rows(results: list[dict], topn: int) -> tuple[list[str], list[list[s
         rows.append([r["name"], report.fmt_spread(bp.get("bundleN")), report.fmt_spread(bp.get("bundle1")),
                      bench.label(peer, topn) if peer else "-", report.fmt_spread(vs.get("bundleN") or vs.get("bundle1")),
                      report.fmt_spread(busy.get("bundleN") or busy.get("bundle1")),
-                     report.fmt_spread(idle.get("bundleN") or idle.get("bundle1")), build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
+                     report.fmt_spread(idle.get("bundleN") or idle.get("bundle1")), ov_cell(r), bf16_cell(r),
+                     build[report.BUILD_HEAD.index("bundle ÷ AOTI")]])
     return head, rows
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from ascendc_pack import bench
@@ -172,10 +173,13 @@ def test_interleaved_stats_flags_a_noisy_contender():
 # ---- the report logic on made-up rounds --------------------------------------------------------
 
 def _made_up_result(tmp_path, rounds_by_cid: dict, busy_by_cid: dict | None = None, load=(10.4, 9.7, 9.7),
-                    untimed: dict | None = None, idle: dict | None = None):
+                    untimed: dict | None = None, idle: dict | None = None, precision: dict | None = None):
     """A bench_model-shaped result from made-up per-call rounds, summarized by the real code;
-    ``untimed``: contenders that failed or were wrong (never timed)."""
+    ``untimed``: contenders that failed or were wrong (never timed); ``precision``: {cid:
+    (precision, relative error)} of contenders not computing in float32."""
     res = {cid: {"label": bench.label(cid, 4), "status": "ok", "reason": None} for cid in rounds_by_cid}
+    for cid, (prec, rel) in (precision or {}).items():
+        res[cid].update(precision=prec, rel_error=rel)
     res.update(untimed or {})
     run = _Run(tmp_path / "m.py", tmp_path, 4, False, 1.0, lambda _: None)
     run.res = res
@@ -203,7 +207,7 @@ def test_best_peer_ratio_and_unstable_rows(tmp_path):
     assert result["contenders"]["eager"]["ratio_bundleN"] == pytest.approx(0.4)
     assert not result["contenders"]["compile"]["stable"]
     text = bench.format_report(result)
-    assert "÷ best peer (ONNX Runtime (no spin)): 0.80 [0.80-0.80]" in text
+    assert "÷ best fp32 peer (ONNX Runtime (no spin)): 0.80 [0.80-0.80]" in text
     assert "ok, UNSTABLE (spread" in text
     assert "load average 10.40" in text and "BUSY HOST" in text
     assert "0.67 [0.20-0.67] unstable" in text  # the ratio against the noisy contender says so
@@ -222,6 +226,44 @@ def test_after_idle_is_its_own_column_and_ratio(tmp_path):
     assert ".ascpack --topn 4 ÷ best peer after 0.3 s idle (eager): 1.00 [0.86-1.17] unstable" in text
     assert _made_up_result(tmp_path, {"bundleN": steady(1.0)}).get("after_idle") is None  # not run: no column
     assert "after 0.3 s idle" not in bench.format_report(_made_up_result(tmp_path, {"bundleN": steady(1.0)}))
+
+
+def test_best_peer_is_taken_at_equal_precision(tmp_path):
+    """OpenVINO's bfloat16 default is faster than every float32 contender but is no float32
+    bundle's peer; it is reported with its error, and the bundle ratio against it is still shown."""
+    steady = lambda us: [[us, us]] * 3  # noqa: E731
+    result = _made_up_result(tmp_path, {"eager": steady(100.0), "ov_f32": steady(60.0), "ov": steady(30.0),
+                                        "bundleN": steady(50.0)},
+                             idle={"eager": [100.0] * 3, "ov_f32": [70.0] * 3, "ov": [20.0] * 3, "bundleN": [60.0] * 3},
+                             precision={"ov": ("bf16", 3e-3)})
+    assert result["best_peer"]["bundleN"]["peer"] == "ov_f32"
+    assert result["best_peer"]["bundleN"]["median"] == pytest.approx(50 / 60)
+    assert result["after_idle"]["vs_best"]["bundleN"]["peer"] == "ov_f32"
+    assert result["ratios"]["bundleN"]["ov"]["median"] == pytest.approx(50 / 30)
+    text = bench.format_report(result)
+    assert "÷ best fp32 peer (OpenVINO f32)" in text
+    assert "OpenVINO default computes in bf16: relative error 3.00e-03" in text
+    # a bundle computing in bfloat16 has the bfloat16 contender as its peer
+    result = _made_up_result(tmp_path, {"ov_f32": steady(60.0), "ov": steady(30.0), "bundleN": steady(25.0)},
+                             precision={"ov": ("bf16", 3e-3), "bundleN": ("bf16", 2e-3)})
+    assert result["best_peer"]["bundleN"]["peer"] == "ov"
+
+
+def test_low_precision_outputs_are_judged_by_their_relative_error():
+    from ascendc_pack.bench.contenders import LOW_PRECISION_SANITY, compare
+
+    e = [torch.linspace(-1, 1, 100)]
+    near = [e[0] + 1e-3]            # bfloat16 rounding: far outside the float32 rule
+    assert compare(e, near)[0].startswith("wrong: ")
+    status, err, rel = compare(e, near, precision="bf16")
+    assert status == "ok" and err == pytest.approx(1e-3, rel=1e-3) and 0 < rel < 1e-2
+    broken = [e[0] * (1 + 2 * LOW_PRECISION_SANITY)]
+    status, _, rel = compare(e, broken, precision="bf16")
+    assert status.startswith("wrong: relative error") and rel > LOW_PRECISION_SANITY
+    nan = [e[0].clone()]
+    nan[0][3] = float("nan")
+    assert compare(e, nan, precision="bf16")[0].startswith("wrong: ")
+    assert compare(e, [e[0].clone()]) == ("ok", 0.0, 0.0)
 
 
 def test_wrong_and_failed_contenders_are_not_peers(tmp_path):
@@ -276,7 +318,7 @@ def test_missing_package_names_it_and_the_install_command(monkeypatch, write_mod
         bench.bench_model(write_model(TINY), contenders=["eager", "ort"], log=lambda _: None)
     msg = str(err.value)
     assert "`onnxscript`" in msg and "pip install 'ascendc-pack[bench]'" in msg
-    assert "--contenders eager,compile,compile_freeze,compile_ascendc,aoti,bundle1,bundleN" in msg
+    assert "--contenders eager,compile,compile_freeze,compile_ascendc,aoti,ov_f32,ov,bundle1,bundleN,bundleN_bf16" in msg
     result = CliRunner().invoke(main, ["bench", str(write_model(TINY))])
     assert result.exit_code == 1 and "pip install 'ascendc-pack[bench]'" in result.output
     assert "No module named" not in result.output
@@ -307,6 +349,21 @@ def test_eager_and_onnxruntime_in_worker_processes_with_contention(write_model, 
     assert "ONNX Runtime" in text and "one process per contender" in text and "slowdown" in text
 
 
+def test_openvino_f32_and_default_in_worker_processes(write_model, tmp_path):
+    """OpenVINO converts the model once; both contenders load that artifact in their own process,
+    f32 checked by the accuracy rule, the default with its precision and relative error."""
+    pytest.importorskip("openvino", reason="the OpenVINO contenders need openvino (bench extra)")
+    r = bench.bench_model(write_model(TINY), contenders=["eager", "ov_f32", "ov"], repeat=2, cold_runs=0, sample_ms=2,
+                          work_dir=tmp_path / "work", idle_bursts=0, log=lambda _: None)
+    f32, default = _ok(r, "ov_f32"), _ok(r, "ov")
+    assert f32["precision"] == "fp32" and f32["rel_error"] < 1e-6 and f32["artifact"].endswith(".xml")
+    assert default["artifact"] == f32["artifact"] and default["size"] == f32["size"] > 0  # one conversion
+    assert default["precision"] in ("fp32", "bf16", "fp16") and default["rel_error"] is not None
+    assert (tmp_path / "work" / "logs" / "run-ov.log").exists() and (tmp_path / "work" / "logs" / "run-ov_f32.log").exists()
+    assert not (tmp_path / "work" / "logs" / "build-ov.log").exists()  # not converted twice
+    assert "OpenVINO f32" in bench.format_report(r)
+
+
 def test_example_against_bundle(tmp_path):
     """A real run on an example with the cheapest contenders: eager and the --topn 1 bundle."""
     r = bench.bench_model(EXAMPLES / "add_sum.py", topn=1, contenders=["eager", "bundle1"], repeat=3, idle_bursts=1,
@@ -317,7 +374,7 @@ def test_example_against_bundle(tmp_path):
     assert r["best_peer"]["bundle1"]["peer"] == "eager" and r["best_peer"]["bundle1"]["n"] == 3
     assert r["kernels"] and r["kernels_of"] == "bundle1"
     text = bench.format_report(r)
-    assert ".ascpack --topn 1 ÷ best peer (eager)" in text and "candidate compiles" in text
+    assert ".ascpack --topn 1 ÷ best fp32 peer (eager)" in text and "candidate compiles" in text
 
 
 def test_failed_contenders_are_reported_not_raised(write_model):

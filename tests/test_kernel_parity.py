@@ -203,6 +203,16 @@ def clamp_where(x, y, m):
 for dt in FLOATS:
     case(f"clamp-where-{SHORT[dt]}", clamp_where, randn(23, 47, dtype=dt), randn(23, 47, dtype=dt), mask(23, 47))
 case("clamp-where-f32-bcast", clamp_where, special(6, 1, 45), randn(45), mask(6, 7, 1))
+# where(bool mask, scores, -inf) + softmax (a causal attention's): the mask is read once per row into
+# int32 and the select is bitwise (issue 42); a fully masked row is NaN, as eager's softmax
+_masked = mask(16, 24)
+_masked[3] = False
+case("masked-softmax-bcast", lambda s, m: torch.softmax(torch.where(m, s / 8, float("-inf")), -1),
+     special(2, 4, 16, 24), _masked)
+case("masked-softmax-f64", lambda s, m: torch.softmax(torch.where(m, s, float("-inf")), -1),
+     randn(3, 5, 40, dtype=torch.float64), mask(5, 40))
+case("masked-sum-two-inner-axes", lambda s, m: (torch.where(m, s, 0.0).sum((-2, -1)), torch.where(m, s, 1.5)),
+     special(6, 7, 9), mask(7, 9))
 case("clamp-tensor-bounds", lambda x, lo, hi: torch.clamp(x, lo, hi) * 2, randn(9, 33), randn(33) - 1,
      randn(9, 1) + 1, fused=True)
 # round half to even (torch.round) at exact .5 values

@@ -165,7 +165,7 @@ def test_a_family_registered_from_the_test_suite_builds_and_runs_in_a_fresh_proc
             toy = [i for i, (t, r) in enumerate(zip(ch.candidates, ch.results)) if t.family == "toy_linear" and r.ok]
             if toy:
                 out[id(s)] = toy[0]
-        return out
+        return self.record_uses(out)
 
     monkeypatch.setattr(TacticTuner, "decisions", prefer_toy)
     torch.manual_seed(0)

@@ -14,6 +14,8 @@ from ascendc_pack.frontend.executor import run_model
 from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.ir.program import ModelProgram, TacticStep, dump
 from ascendc_pack.tactics.match import UNARY_PATTERNS
+from ascendc_pack.kernels.target import FALLBACK, CpuTarget, HostProfile
+from ascendc_pack.tactics import predict
 from ascendc_pack.tactics.rewrite import candidates_for, find_tactics
 
 
@@ -93,7 +95,8 @@ def test_sdpa_with_mask_and_causal_grouped_query():
     k2, v2 = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     _, (g,) = _pass(Fn(lambda s, *a: F.scaled_dot_product_attention(*a, is_causal=True, enable_gqa=True)),
                     torch.randn(2, 4, 5, 8), k2, v2)
-    assert g.desc["kv_heads"] == 2 and g.bind["k"] == "xs_1" and g.desc["mask"] == "float"  # causal mask folded
+    # is_causal arrives as a folded 0/-inf mask weight, recognized as causal again (no mask read)
+    assert g.desc["kv_heads"] == 2 and g.bind["k"] == "xs_1" and g.desc["mask"] is None and g.desc["causal"]
     assert [t.name for t in candidates_for(g, 10)] == ["unfused", "flash"]
 
 
@@ -134,6 +137,36 @@ def test_written_out_attention_keeps_unsafe_softmax():
     assert [t.name for t in candidates_for(s, 10)] == ["unfused"]  # flash would turn NaN rows into 0
 
 
+class WhereMasked(nn.Module):
+    """Attention written out with ``torch.where(mask, scores, -inf)`` (a Llama-style block's)."""
+
+    def __init__(self, mask=None):
+        super().__init__()
+        if mask is not None:
+            self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v, *m):
+        s = q @ k.transpose(-2, -1) / 8.0
+        s = torch.where(m[0] if m else self.mask, s, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+
+
+def test_attention_with_a_where_mask_is_one_step_and_a_constant_causal_mask_becomes_causal():
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    res, (s,) = _pass(WhereMasked(causal), q, k, v)
+    assert s.tactic_kind == "attention" and s.desc["causal"] and s.desc["mask"] is None and "mask" not in s.bind
+    assert not s.desc["safe_softmax"] and s.desc["scale"] == pytest.approx(0.125)  # / 8 with head_dim 8
+    assert [t.name for t in candidates_for(s, 10)] == ["unfused", "flash"]   # no fully masked row: flash applies
+    other = causal.clone()
+    other[5, 2] = False                          # not causal: stays a boolean mask
+    _, (b,) = _pass(WhereMasked(other), q, k, v)
+    assert b.desc["mask"] == "bool" and tuple(b.desc["mask_shape"]) == (16, 16) and not b.desc["causal"]
+    assert [t.name for t in candidates_for(b, 10)] == ["unfused"]   # a row could be fully masked: NaN in eager
+    _, (i,) = _pass(WhereMasked(), q, k, v, torch.rand(2, 1, 16, 16) > 0.2)   # a mask the caller passes
+    assert i.desc["mask"] == "bool" and tuple(i.desc["mask_shape"]) == (2, 1, 16, 16) and "mask" in i.bind
+
+
 def test_shifted_window_attention_with_strided_heads_is_one_step():
     """swin: q/k/v heads of one qkv projection (capture clones them contiguous before the bmm)
     and a per-window mask added to the scores viewed [N, W, H, L, S]."""
@@ -171,6 +204,36 @@ def test_batchnorm_residual_relu_chain_and_derived_affine():
     assert [t.name for t in candidates_for(dw, 10)] == ["aten", "onednn_cl", "aten_cl"]
     assert [t.name for t in candidates_for(c1, 10)][:2] == ["aten", "onednn"]
     assert len(candidates_for(c1, 2)) == 2  # --topn caps the candidates
+    # ordered by the cost model: candidate 0 is the predicted best, the as-captured one always kept
+    target = CpuTarget.detect(2, profile=FALLBACK)
+    for step in (c1, dw, pw):
+        ranked = candidates_for(step, 10, target)
+        us = [predict.predict_us("conv", step.desc, t.name, target) for t in ranked]
+        assert us == sorted(us) and {t.name for t in ranked} == {t.name for t in candidates_for(step, 10)}
+        first = candidates_for(step, 1, target)   # topn 1: the pick, plus the as-captured fallback
+        assert first[0].name == ranked[0].name and first[-1].name == "aten" and len(first) == 1 + (first[0].name != "aten")
+
+
+def test_candidate_order_follows_the_cost_model():
+    """A GEMM with many rows goes to oneDNN's packed weight first; a 1-row GEMV (every candidate
+    streams the weight) to the cheapest call; attention to flash; the host profile scales it."""
+    target = CpuTarget.detect(2, profile=FALLBACK)
+    gemm = {"m": 128, "k": 256, "n": 1024, "epilogue": {"unary": "gelu"}}
+    gemv = {"m": 1, "k": 512, "n": 1000, "epilogue": {}}
+    us = {n: predict.predict_us("linear", gemm, n, target) for n in ("aten", "onednn", "mkl")}
+    assert us["onednn"] < us["aten"] and us["onednn"] < us["mkl"]
+    us = {n: predict.predict_us("linear", gemv, n, target) for n in ("aten", "onednn", "mkl")}
+    assert min(us, key=us.get) != "onednn"
+    attn = {"batch": 1, "heads": 4, "q_len": 128, "kv_len": 128, "head_dim": 64}
+    assert predict.predict_us("attention", attn, "flash", target) < predict.predict_us("attention", attn, "unfused",
+                                                                                        target)
+    fast = CpuTarget.detect(2, profile=HostProfile(ghz=6.0, mem_gbps=40.0, l2_gbps=120.0, source="test"))
+    assert predict.predict_us("linear", gemm, "onednn", fast) < predict.predict_us("linear", gemm, "onednn", target)
+    assert predict.predict_us("nope", gemm, "aten", target) == float("inf")
+    m = Fn(lambda s, x: F.gelu(s.fc(x)), fc=nn.Linear(256, 1024))
+    _, (fc,) = _pass(m, torch.randn(128, 256))
+    assert [t.name for t in candidates_for(fc, 4, target)][0] == "onednn"
+    assert [t.name for t in candidates_for(fc, 4)][0] == "aten"   # without a host profile: as captured first
 
 
 def test_a_value_read_elsewhere_is_not_absorbed():

@@ -250,24 +250,31 @@ def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch
     _fresh_process_matches(out, _model(), _inputs(), tmp_path, env={"ASCENDC_PACK_TASK_POOL": "0"})
 
 
-def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
+def _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn: int, first: bool) -> TacticTuner:
+    """A linear + relu model tuned with one more candidate that computes sigmoid instead of relu
+    (``first``: as candidate 0, else last), after one run."""
     real = tactic_tune.candidates_for
 
-    def with_a_wrong_one(step, topn):
-        cands = real(step, topn)
+    def with_a_wrong_one(step, topn, target=None, precisions=()):
+        cands = real(step, topn, target, precisions)
         if step.tactic_kind == "linear":
             desc = T.step_from_json(step.desc)
             wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
-            cands.append(dataclasses.replace(wrong, name="wrong"))
+            cands.insert(0 if first else len(cands), dataclasses.replace(wrong, name="wrong"))
         return cands
 
     monkeypatch.setattr(tactic_tune, "candidates_for", with_a_wrong_one)
     m = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
     x = torch.randn(8, 16)
     found = _found(m, x)
-    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=4, cache_dir=tmp_path), FAST,
+    tuner = TacticTuner(found.model, found.weights, BuildConfig(topn=topn, cache_dir=tmp_path), FAST,
                         compile_epilogue=False, gemm=False)
     tuner(x)
+    return tuner
+
+
+def test_a_wrong_candidate_is_disqualified_and_never_chosen(tmp_path, monkeypatch):
+    tuner = _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn=4, first=False)
     (ch,) = tuner.choices.values()
     bad = ch.results[-1]
     assert bad.name == "wrong" and bad.disqualified["reason"] == "wrong result" and bad.median_us is None
@@ -323,7 +330,7 @@ def test_warm_pipeline_keeps_the_choices(tmp_path):
     assert warm.captured.model.dumps() == cold.captured.model.dumps()
 
 
-def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
+def test_unvisited_cond_branch_keeps_candidate_0_verified_on_synthetic_arguments(tmp_path):
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -343,6 +350,8 @@ def test_unvisited_cond_branch_keeps_candidate_0(tmp_path):
     assert then_ch.visited and then_ch.profiled and decisions[id(by_unary["relu"])] == then_ch.best
     assert not else_ch.visited and not else_ch.profiled and decisions[id(by_unary["sigmoid"])] == 0
     assert else_ch.uses[0]["visited"] is False and all(r.median_us is None for r in else_ch.results)
+    # candidate 0 is the cost model's pick: no run reached it, so it was verified on synthetic arguments
+    assert else_ch.synthetic and else_ch.verified(0) and else_ch.to_json()["verified_on"] == "synthetic"
 
 
 def test_cond_branch_with_a_lowered_tactic_builds(tmp_path, cache, monkeypatch):
@@ -381,13 +390,32 @@ def test_identical_steps_share_one_measurement(tmp_path):
     assert len({u["chosen_index"] for u in ch.uses}) == 1
 
 
-def test_topn_1_keeps_every_heavy_step_as_captured(tmp_path):
+def test_topn_1_takes_each_steps_predicted_candidate_verified_not_timed(tmp_path):
+    """The fast default build: candidate 0 is the cost model's pick; --topn 1 verifies it on the
+    real arguments (no timing, no tuning record) and the bundle runs it."""
     prep = prepare(_model(), _inputs(), config=BuildConfig(topn=1, cache_dir=tmp_path, jobs=2),
                    input_sets=[_inputs()], protocol=FAST)
     assert prep.tactics_profiled == 0
-    assert all(u["chosen_index"] == 0 for ch in prep.tactics.values() for u in ch.uses)
-    assert not prep.captured.model.program.tactic_steps()  # the ATen steps are back, as captured
-    assert not (tmp_path / "ascendc" / "tactics").exists()
+    assert not (tmp_path / "ascendc" / "tactics").exists()   # nothing timed, nothing recorded
+    for ch in prep.tactics.values():
+        assert not ch.profiled and all(r.median_us is None for r in ch.results)
+        assert ch.predicted_us[0] == min(p for p in ch.predicted_us if p is not None)  # candidate 0: predicted best
+        assert [t.name for t in ch.candidates].count("aten") + [t.name for t in ch.candidates].count("unfused") == 1
+        if ch.captured != 0:   # the pick (verified), the generated kernels' first tilings, the fallback
+            assert ch.checked and ch.verified(0)
+    assert all(u["chosen_index"] == 0 for ch in prep.tactics.values() if ch.kind != "conv" for u in ch.uses)
+    picks = {ch.candidates[u["chosen_index"]].name.split("#")[0] for ch in prep.tactics.values() for u in ch.uses}
+    assert picks & {"onednn", "onednn_cl", "flash", "mkl", "gemm", "attention", "dwconv", "directconv"}
+    assert prep.captured.model.program.tactic_steps()   # lowered, not the ATen steps as captured
+
+
+def test_topn_1_falls_back_when_candidate_0_fails_verification(tmp_path, monkeypatch):
+    tuner = _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn=1, first=True)
+    (ch,) = tuner.choices.values()
+    assert ch.candidates[0].name == "wrong" and ch.results[0].disqualified["reason"] == "wrong result"
+    assert ch.checked and ch.best == 1 and tuner.profiled == 0
+    (step,) = tuner.instances
+    assert tuner.decisions()[id(step)] == 1   # the next candidate that passed, never the wrong one
 
 
 def test_manifest_tactic_entries_round_trip_and_are_checked():
@@ -429,3 +457,25 @@ def test_gated_mlp_multiplies_in_the_gemm_epilogue(tmp_path, cache, monkeypatch)
     assert gemms and all(t.spec.epilogue == ("mul",) and r.error is None for t, r in gemms)
     assert all(ch.candidates[u["chosen_index"]].family == "gemm" for ch in res.tactics.values() for u in ch.uses)
     _fresh_process_matches(out, model, (x,), tmp_path)
+
+
+def test_a_where_masked_causal_attention_builds_and_matches_eager(tmp_path, cache):
+    """A Llama-style ``torch.where(mask, scores, -inf)`` with a constant causal mask is one causal
+    attention step (issue 42: its two bmm stayed ATen); the bundle matches eager in a new process."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+            self.register_buffer("mask", torch.ones(12, 12, dtype=torch.bool).tril())
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 12, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            s = torch.where(self.mask, q @ k.transpose(-2, -1) / 8 ** 0.5, float("-inf"))
+            return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, 12, 32)
+
+    torch.manual_seed(0)
+    model, inputs = Block().eval(), (torch.randn(2, 12, 32),)
+    res, out = _build(tmp_path, cache, model, inputs, topn=2)
+    (attn,) = [ch for ch in res.tactics.values() if ch.kind == "attention"]
+    assert attn.desc["causal"] and attn.desc["mask"] is None and attn.visited
+    _fresh_process_matches(out, model, inputs, tmp_path)

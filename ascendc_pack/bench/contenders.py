@@ -14,7 +14,14 @@ compile_ascendc    ``torch.compile(module, backend="ascendc_pack", options={"top
 aoti               ``torch.export`` -> ``aoti_compile_and_package`` -> ``.pt2`` -> ``aoti_load_package``
 ort                ``torch.onnx.export(dynamo=True)`` -> ONNX Runtime CPU, intra-op threads = usable
                    cores, ``session.intra_op.allow_spinning=0`` (and inter-op)
+ov_f32, ov         ``openvino.convert_model(module, example_input=...)`` -> ``.xml``/``.bin`` (weights
+                   kept float32) -> ``Core.compile_model(..., "CPU")`` with ``INFERENCE_NUM_THREADS`` =
+                   usable cores, ``PERFORMANCE_HINT`` LATENCY; ``ov_f32`` with
+                   ``INFERENCE_PRECISION_HINT`` f32, ``ov`` with OpenVINO's default precision (bfloat16
+                   on a CPU with AVX512_BF16 or AMX: docs/DESIGN.md §8)
 bundle1, bundleN   the ``.ascpack`` built with ``--topn 1`` / ``--topn N``, ``ascendc_pack_runtime.load``
+bundleN_bf16       the ``.ascpack`` built with ``--topn N --precision bf16`` (default accuracy budget): its
+                   peer is the fastest contender computing in the precision it ended up in
 =================  ==========================================================================
 """
 
@@ -41,6 +48,9 @@ class Kind:
     artifact: str | None
     bundle: bool = False
     peer: bool = True
+    #: the precision it computes in: ``fp32`` (the model's own dtype), or ``default`` when the
+    #: runtime decides by host (OpenVINO); the worker reports what it really ran (``precision``)
+    precision: str = "fp32"
 
 
 CONTENDERS = (
@@ -50,8 +60,11 @@ CONTENDERS = (
     Kind("compile_ascendc", "torch.compile ascendc_pack --topn {n}", None, peer=False),
     Kind("aoti", "AOTInductor (.pt2)", "aoti"),
     Kind("ort", "ONNX Runtime (no spin)", "onnx"),
+    Kind("ov_f32", "OpenVINO f32", "openvino"),
+    Kind("ov", "OpenVINO default", "openvino", precision="default"),
     Kind("bundle1", ".ascpack --topn 1", "bundle1", bundle=True),
     Kind("bundleN", ".ascpack --topn {n}", "bundleN", bundle=True),
+    Kind("bundleN_bf16", ".ascpack --topn {n} --precision bf16", "bundleN_bf16", bundle=True, precision="default"),
 )
 BY_ID = {k.cid: k for k in CONTENDERS}
 #: contender ids in report order
@@ -59,6 +72,11 @@ MODEL_CONTENDERS = tuple(BY_ID)
 #: the contenders a bundle is compared with (bundle ÷ best peer)
 PEERS = tuple(k.cid for k in CONTENDERS if not k.bundle and k.peer)
 BUNDLES = tuple(k.cid for k in CONTENDERS if k.bundle)
+#: the precision a contender computes in when it is the model's own (float32 models: float32)
+NATIVE = "fp32"
+#: a low-precision contender (bfloat16, float16, int8) is reported WRONG only above this relative
+#: error of its outputs (a broken conversion, not rounding); below it is timed and its error shown
+LOW_PRECISION_SANITY = 0.25
 
 
 def label(cid: str, topn: int) -> str:
@@ -74,10 +92,13 @@ def reason(exc: BaseException) -> str:
 
 
 def file_size(path: Path) -> int:
-    """Bytes of an artifact; an ONNX model's external data file counts too."""
+    """Bytes of an artifact; an ONNX model's external data file and an OpenVINO model's ``.bin``
+    count too."""
     size = path.stat().st_size
-    data = path.with_name(path.name + ".data")
-    return size + (data.stat().st_size if data.exists() else 0)
+    for data in (path.with_name(path.name + ".data"), path.with_suffix(".bin") if path.suffix == ".xml" else None):
+        if data is not None and data.exists():
+            size += data.stat().st_size
+    return size
 
 
 # ---- building the artifacts (each in a fresh process, run by the parent) -----------------------
@@ -86,7 +107,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                    tag: str = "") -> dict:
     """Build one contender's artifact from a model file; returns path, size and build seconds.
 
-    ``kind``: ``aoti`` (``.pt2``), ``onnx`` (``.onnx``), ``bundle1`` / ``bundleN`` (``.ascpack``
+    ``kind``: ``aoti`` (``.pt2``), ``onnx`` (``.onnx``), ``openvino`` (``.xml`` + ``.bin``), ``bundle1`` / ``bundleN`` (``.ascpack``
     built with ``--topn 1`` / ``--topn topn``, with the kernel cache ``cache_dir``, default a
     directory of its own under ``out_dir``). A bundle build also returns its per-stage seconds,
     the number of candidate compiles and its kernel choices. ``tag`` goes into the file name
@@ -97,7 +118,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     extra: dict = {}
-    if kind in ("aoti", "onnx"):
+    if kind in ("aoti", "onnx", "openvino"):
         loaded = load_model_file(model_file)
         module, inputs = loaded.module, tuple(t.clone() for t in loaded.example_inputs)
         t0 = time.perf_counter()
@@ -106,20 +127,31 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                 path = out / f"{loaded.name}{tag}.pt2"
                 ep = torch.export.export(module, inputs)
                 torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
+            elif kind == "openvino":
+                import openvino as ov
+
+                path = out / f"{loaded.name}{tag}.xml"
+                ov_model = ov.convert_model(module, example_input=inputs)
+                # weights stay float32 (save_model compresses them to float16 by default)
+                ov.save_model(ov_model, str(path), compress_to_fp16=False)
             else:
                 path = out / f"{loaded.name}{tag}.onnx"
                 torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
         seconds = time.perf_counter() - t0
-    elif kind in ("bundle1", "bundleN"):
+    elif kind in ("bundle1", "bundleN", "bundleN_bf16"):
         from ascendc_pack.pipeline import build_file
         from ascendc_pack.bench.kernels import choices_json
 
         n = 1 if kind == "bundle1" else topn
-        path = out / f"{Path(model_file).stem}.topn{n}{tag}.ascpack"
+        low = kind == "bundleN_bf16"
+        path = out / f"{Path(model_file).stem}.topn{n}{'.bf16' if low else ''}{tag}.ascpack"
         t0 = time.perf_counter()
-        result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"))
+        result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"),
+                            precision="bf16" if low else None)
         # like AOTInductor's compile and torch.compile's first call: without loading the model file
         seconds = time.perf_counter() - t0 - result.seconds.get("load", 0.0)
+        if result.precision is not None:
+            extra["precision_record"] = result.precision.to_json()
         extra.update(stages=dict(result.seconds), candidate_compiles=result.kernels_compiled,
                      cache_hits=result.cache_hits, fallbacks=len(result.fallbacks),
                      kernels=choices_json(result.choices))
@@ -139,23 +171,35 @@ def flat_outputs(out) -> list:
     return pytree.tree_flatten(out)[0]
 
 
-def compare(expected: list, actual: list, expected64: list | None = None) -> tuple[str, float | None]:
-    """("ok" | "wrong: ...", max abs error) of flattened outputs, by the project's accuracy rule
-    (``ascendc_pack_runtime.accuracy``: dtype- and magnitude-aware, float64 second look)."""
-    from ascendc_pack_runtime.accuracy import check_outputs, first_problem
+def compare(expected: list, actual: list, expected64: list | None = None,
+            precision: str = NATIVE) -> tuple[str, float | None, float | None]:
+    """("ok" | "wrong: ...", max abs error, relative error) of flattened outputs.
+
+    In the model's own precision (``NATIVE``) by the project's accuracy rule
+    (``ascendc_pack_runtime.accuracy``: dtype- and magnitude-aware, float64 second look). A
+    low-precision contender (OpenVINO's bfloat16 default) cannot meet that rule: it is wrong only
+    when its relative error (``accuracy.relative_error``, the worst output) exceeds
+    :data:`LOW_PRECISION_SANITY` or NaN/infinities differ, and the error is reported beside its time."""
+    from ascendc_pack_runtime.accuracy import check_outputs, first_problem, relative_error
 
     if len(expected) != len(actual):
-        return f"wrong: {len(actual)} outputs, eager has {len(expected)}", None
+        return f"wrong: {len(actual)} outputs, eager has {len(expected)}", None, None
     for i, (e, a) in enumerate(zip(expected, actual)):
         if not isinstance(e, torch.Tensor) and e != a:
-            return f"wrong: output {i} is {a!r}, eager {e!r}", None
+            return f"wrong: output {i} is {a!r}, eager {e!r}", None, None
     idx = [i for i, e in enumerate(expected) if isinstance(e, torch.Tensor)]
+    rel = max((relative_error(expected[i], torch.as_tensor(actual[i])) for i in idx), default=0.0)
     refs = [expected64[i] for i in idx] if expected64 and len(expected64) == len(expected) else None
     checks = check_outputs([f"output {i}" for i in idx], [expected[i] for i in idx],
                            [torch.as_tensor(actual[i]) for i in idx], refs)
-    problem = first_problem(checks)
     finite = [c.max_error for c in checks if c.max_error != float("inf")]
-    return (f"wrong: {problem}" if problem else "ok"), (max(finite) if finite else None)
+    err = max(finite) if finite else None
+    if precision != NATIVE:
+        ok = rel <= LOW_PRECISION_SANITY
+        return ("ok" if ok else f"wrong: relative error {rel:.3g} of a {precision} contender is above "
+                f"{LOW_PRECISION_SANITY:g} (a broken conversion, not rounding)"), err, rel
+    problem = first_problem(checks)
+    return (f"wrong: {problem}" if problem else "ok"), err, rel
 
 
 def reference(model_file: str, data: str) -> dict:
@@ -188,6 +232,7 @@ class Contender:
 
     def __init__(self):
         self.fn = None
+        self.precision = NATIVE  # what the loaded contender computes in (set by _make)
 
     def setup(self, cid: str, model_file: str, data: str, artifact: str | None = None,
               warmup_s: float = 0.2, options: dict | None = None) -> dict:
@@ -204,7 +249,8 @@ class Contender:
         t0 = time.perf_counter()
         out = check_fn()
         first_s = time.perf_counter() - t0
-        check, err = compare(expected, flat_outputs(out), saved.get("expected64"))
+        precision = self.precision
+        check, err, rel = compare(expected, flat_outputs(out), saved.get("expected64"), precision)
         for i, (want, got) in enumerate(zip(saved.get("inputs_after", inputs), check_ins)):
             if check == "ok" and not torch.equal(want, got):
                 check = f"wrong: input {i} after the call differs from eager's (in-place update)"
@@ -214,11 +260,10 @@ class Contender:
         t_end = time.perf_counter() + warmup_s
         while len(times) < 3 or time.perf_counter() < t_end:
             times += time_calls(self.fn, 1)
-        return {"load_s": load_s, "first_call_s": first_s, "check": check, "max_error": err,
-                "est_us": statistics.median(times), "threads": torch.get_num_threads()}
+        return {"load_s": load_s, "first_call_s": first_s, "check": check, "max_error": err, "rel_error": rel,
+                "precision": precision, "est_us": statistics.median(times), "threads": torch.get_num_threads()}
 
-    @staticmethod
-    def _make(cid: str, model_file: str, artifact: str | None, inputs: list, options: dict | None = None):
+    def _make(self, cid: str, model_file: str, artifact: str | None, inputs: list, options: dict | None = None):
         """A function that binds the loaded contender to one set of input tensors."""
         from ascendc_pack.frontend.loader import load_model_file
 
@@ -239,9 +284,13 @@ class Contender:
             import ascendc_pack_runtime as rt
 
             model = rt.load(artifact)
+            self.precision = bundle_precision(model.contract)
             return lambda ins: (lambda: model(*ins))
         if cid == "ort":
             return _ort_binder(artifact, load_model_file(model_file).module, len(inputs))
+        if cid in ("ov", "ov_f32"):
+            bind, self.precision = _openvino_binder(artifact, f32=cid == "ov_f32")
+            return bind
         raise ValueError(f"unknown contender {cid!r}")
 
     def time(self, number: int, lead_in_ms: float = 0.0) -> list[float]:
@@ -294,3 +343,42 @@ def _ort_binder(artifact: str, module: torch.nn.Module, n_inputs: int, threads: 
         return lambda: sess.run(None, feed)
 
     return bind
+
+
+#: OpenVINO's ``INFERENCE_PRECISION_HINT`` element types -> the precision names of the reports
+OV_PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "i8": "int8"}
+
+
+def _openvino_binder(artifact: str, f32: bool, threads: int | None = None):
+    """An OpenVINO CPU model compiled for latency (``threads``, default the usable cores; float32
+    with ``f32``, else OpenVINO's default precision) and a binder of input tensors to one infer
+    request; also the precision it runs in (``fp32``, ``bf16``, ...)."""
+    import openvino as ov
+
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads or host_cores()}
+    if f32:
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+    compiled = ov.Core().compile_model(artifact, "CPU", config)
+    hint = str(compiled.get_property("INFERENCE_PRECISION_HINT"))  # e.g. "<Type: 'bfloat16'>" or "bf16"
+    name = hint.split("'")[1] if "'" in hint else hint
+    precision = OV_PRECISIONS.get({"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(name, name), name)
+    outputs = list(compiled.outputs)
+
+    def bind(ins):
+        request = compiled.create_infer_request()
+        feed = [t.numpy() for t in ins]
+
+        def call():
+            res = request.infer(feed)
+            return [res[o] for o in outputs]
+
+        return call
+
+    return bind, precision
+
+
+def bundle_precision(manifest) -> str:
+    """The precision a loaded bundle computes in (its manifest's ``precision.computes``: ``fp32``,
+    ``bf16``, ``bf16+int8``...); ``fp32`` for a bundle without a precision record."""
+    record = getattr(manifest, "precision", None)
+    return getattr(record, "computes", None) or NATIVE

@@ -69,7 +69,7 @@ def machine_info() -> dict:
                 info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
     except OSError:
         pass
-    for dist in ("onnxruntime", "onnx", "onnxscript", "torchvision", "timm", "transformers"):
+    for dist in ("onnxruntime", "onnx", "onnxscript", "openvino", "torchvision", "timm", "transformers"):
         try:  # the installed version, without importing (torchvision's import can fail, docs/DESIGN.md §8)
             info[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

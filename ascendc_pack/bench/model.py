@@ -31,7 +31,7 @@ import torch
 
 from ascendc_pack.bench import extras
 from ascendc_pack.bench.contention import Spinner, slowdowns
-from ascendc_pack.bench.contenders import BUNDLES, BY_ID, MODEL_CONTENDERS, PEERS, label
+from ascendc_pack.bench.contenders import BUNDLES, BY_ID, MODEL_CONTENDERS, NATIVE, PEERS, label
 from ascendc_pack.bench.kernels import model_kernel_rows
 from ascendc_pack.bench.machine import host_cores, loadavg
 from ascendc_pack.bench.stats import calls_per_sample, latency_stats, paired_ratio, rotated
@@ -178,15 +178,23 @@ def _reference(run: _Run, data: Path, result: dict) -> bool:
 def _build_all(run: _Run, rebuild: bool) -> None:
     """Build every artifact, each in a fresh process with empty caches; then, with ``rebuild``,
     the tuned bundle once more on its own (now warm) kernel cache."""
+    built: dict[str, tuple[str, dict, list]] = {}  # artifact kind -> (cid, reply, load): OpenVINO's two share one
     for cid in [c for c in run.ok() if BY_ID[c].artifact]:
-        run.log(f"  building {run.res[cid]['label']} ...")
-        load = loadavg()
-        reply = run.once(cid, "build", {"cmd": "build", "args": {
-            "kind": BY_ID[cid].artifact, "model_file": str(run.model_file), "out_dir": str(run.work / cid),
-            "topn": run.topn}})
+        kind = BY_ID[cid].artifact
+        if kind in built:
+            first, reply, load = built[kind]
+            run.log(f"  {run.res[cid]['label']}: the artifact of {run.res[first]['label']}")
+        else:
+            run.log(f"  building {run.res[cid]['label']} ...")
+            load = loadavg()
+            reply = run.once(cid, "build", {"cmd": "build", "args": {
+                "kind": kind, "model_file": str(run.model_file), "out_dir": str(run.work / cid),
+                "topn": run.topn}})
+            built[kind] = (cid, dict(reply), load)
         if not reply.get("ok"):
             run.fail(cid, f"build: {reply.get('error')}")
             continue
+        reply = dict(reply)
         reply.pop("ok")
         kernels = reply.pop("kernels", None)
         run.res[cid].update(reply, load_at_build=load)
@@ -298,7 +306,7 @@ def _summarize(run: _Run, result: dict, rounds: dict, idle: dict | None = None) 
             s = paired_ratio(per_round[b], meds)
             result["ratios"][b][other] = s.to_json()
             run.res[other][f"ratio_{b}"] = s.median
-        peers = [c for c in PEERS if c in per_round]
+        peers = same_precision(run.res, b, [c for c in PEERS if c in per_round])
         if peers:
             best = min(peers, key=lambda c: run.res[c]["median_us"])
             result["best_peer"][b] = {"peer": best, **result["ratios"][b][best]}
@@ -314,10 +322,19 @@ def _summarize(run: _Run, result: dict, rounds: dict, idle: dict | None = None) 
         for cid, us in idle.items():
             run.res[cid]["after_idle"] = {"median_us": statistics.median(us), "bursts": len(us)}
         result["after_idle"] = {"idle_s": IDLE_S, "vs_best": {}}
-        peers = [c for c in PEERS if c in idle]
-        for b in (c for c in BUNDLES if c in idle and peers):
+        for b in (c for c in BUNDLES if c in idle):
+            peers = same_precision(run.res, b, [c for c in PEERS if c in idle])
+            if not peers:
+                continue
             best = min(peers, key=lambda c: run.res[c]["after_idle"]["median_us"])
             result["after_idle"]["vs_best"][b] = {"peer": best, **paired_ratio(idle[b], idle[best]).to_json()}
+
+
+def same_precision(res: dict, bundle: str, peers: list[str]) -> list[str]:
+    """The ``peers`` that computed in the precision ``bundle`` computed in (the best peer is taken
+    at equal precision: OpenVINO's bfloat16 default is no float32 bundle's peer)."""
+    want = res[bundle].get("precision", NATIVE)
+    return [c for c in peers if res[c].get("precision", NATIVE) == want]
 
 
 def _cold_starts(run: _Run, result: dict, data: str, cold_runs: int) -> None:

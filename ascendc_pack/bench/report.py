@@ -72,7 +72,7 @@ def contender_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     if result.get("after_idle"):
         head.append(f"after {result['after_idle']['idle_s']:g} s idle")
     head += [f"{label(b, topn)} ÷ x" for b in bundles]
-    head += ["build s", "size MB", "max error", "status"]
+    head += ["build s", "size MB", "precision", "max error", "rel error", "status"]
     rows = []
     for cid, r in result["contenders"].items():
         row = [r["label"], fmt_us(r.get("median_us")), fmt_us(r.get("p90_us")),
@@ -80,19 +80,26 @@ def contender_rows(result: dict) -> tuple[list[str], list[list[str]]]:
         if result.get("after_idle"):
             row.append(fmt_us(r.get("after_idle", {}).get("median_us")))
         row += [fmt_spread(result["ratios"][b].get(cid)) for b in bundles]
-        row += [fmt_s(r.get("build_s")), fmt_mb(r.get("size")),
-                "-" if r.get("max_error") is None else f"{r['max_error']:.1e}", _status(r)]
+        row += [fmt_s(r.get("build_s")), fmt_mb(r.get("size")), r.get("precision", "-"),
+                "-" if r.get("max_error") is None else f"{r['max_error']:.1e}",
+                "-" if r.get("rel_error") is None else f"{r['rel_error']:.1e}", _status(r)]
         rows.append(row)
     return head, rows
 
 
 def best_peer_lines(result: dict) -> list[str]:
-    """``bundle ÷ best peer`` per bundle: the fastest correct non-bundle contender."""
+    """``bundle ÷ best peer`` per bundle: the fastest correct non-bundle contender computing in the
+    bundle's precision; then every contender computing in another precision, with its error."""
     topn = result["config"]["topn"]
     out = []
     for b, s in result["best_peer"].items():
-        out.append(f"{label(b, topn)} ÷ best peer ({label(s['peer'], topn)}): {fmt_spread(s)}"
+        prec = result["contenders"][b].get("precision", "fp32")
+        out.append(f"{label(b, topn)} ÷ best {prec} peer ({label(s['peer'], topn)}): {fmt_spread(s)}"
                    "  (median over rounds [IQR]; < 1: the bundle is faster)")
+    for cid, r in result["contenders"].items():
+        if r.get("precision", "fp32") != "fp32" and r["status"] == "ok" and r.get("rel_error") is not None:
+            out.append(f"{r['label']} computes in {r['precision']}: relative error {r['rel_error']:.2e} of its "
+                       "outputs against eager (||y - eager|| / ||eager||); a peer only of bundles in that precision")
     if not out and result["ratios"]:
         out.append("bundle ÷ best peer: no peer was timed")
     idle = result.get("after_idle") or {}

@@ -109,8 +109,14 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
               help="Dim 0 of every input is a dynamic batch in [MIN, MAX] (a model file may instead declare its dynamic dims with get_dynamic_shapes()).")
 @click.option("--buckets", default=None, metavar="B1,B2,...",
               help="With --dynamic-batch: batch sizes to build and tune a static plan for (default: the example's); other sizes run the generic plan.")
+@click.option("--precision", default=None, type=click.Choice(["fp32", "bf16", "int8", "auto"]),
+              help="Precision of the heavy steps: fp32 = the model's own dtype (default); bf16 / auto add low-precision "
+                   "candidates, chosen per step under --accuracy-budget (docs/PRECISION.md).")
+@click.option("--accuracy-budget", default=None, metavar="E",
+              help="With --precision bf16/auto: the largest relative output error ||y - y_fp32|| / ||y_fp32|| allowed "
+                   "on the example and calibration inputs (default 0.01).")
 def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, cann, debug, verify, atol, rtol,
-          sign_key, dynamic_batch, buckets):
+          sign_key, dynamic_batch, buckets, precision, accuracy_budget):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
@@ -131,9 +137,14 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
             os.environ["ASCENDC_PACK_NPU_CANN"] = check_cann(cann)
         if backend is not None:
             get_backend(check_backend_name(backend, "--backend"))  # fails now, before the model is loaded
+        if precision is not None or accuracy_budget is not None:  # bad values fail now, before the model is loaded
+            from ascendc_pack.config import BuildConfig
+
+            BuildConfig.resolve(precision=precision, accuracy_budget=accuracy_budget, cache_dir=cache_dir)
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
                             jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
-                            verify=verify, atol=atol, rtol=rtol, dynamic_batch=dynamic_batch, buckets=buckets)
+                            verify=verify, atol=atol, rtol=rtol, dynamic_batch=dynamic_batch, buckets=buckets,
+                            precision=precision, accuracy_budget=accuracy_budget)
     except PackError as exc:
         _fail(exc)
         return
@@ -158,7 +169,7 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
 @click.option("--repeat", default=20, show_default=True, type=int, help="Interleaved timing rounds.")
 @click.option("--cold-runs", default=5, show_default=True, type=int, help="Cold-start processes per artifact.")
 @click.option("--contenders", default=None,
-              help="Comma-separated subset of eager,compile,compile_freeze,compile_ascendc,aoti,ort,bundle1,bundleN.")
+              help="Comma-separated subset of eager,compile,compile_freeze,compile_ascendc,aoti,ort,ov_f32,ov,bundle1,bundleN.")
 @click.option("--same-process", is_flag=True, help="Time every contender in this process (default: one process each).")
 @click.option("--contention", is_flag=True, help="Also time each contender with one core kept busy by another process.")
 @click.option("--busy-core", default=None, type=int, help="Pin the busy process to this core (default: not pinned).")
@@ -169,7 +180,7 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
 @click.option("--json", "json_path", default=None, help="Also write the raw results as JSON.")
 def bench(model_file, topn, repeat, cold_runs, contenders, same_process, contention, busy_core, rebuild, idle_bursts,
           work_dir, json_path):
-    """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime and the bundle.
+    """Benchmark MODEL_FILE: eager, torch.compile, AOTInductor, ONNX Runtime, OpenVINO and the bundle.
 
     Same as `python -m ascendc_pack.bench model`; the protocol is in docs/PERFORMANCE.md.
     Needs the `bench` extra for ONNX Runtime (pip install 'ascendc-pack[bench]').

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ascendc_pack_runtime.accuracy import OutputCheck, check_outputs, first_problem
+from ascendc_pack_runtime.accuracy import OutputCheck, check_budget, check_outputs, first_problem
 from ascendc_pack_runtime.outputs import leaves, tree_of
 
 log = logging.getLogger("ascendc_pack")
@@ -42,11 +42,13 @@ def compare_outputs(expected, actual, atol: float | None = None, rtol: float | N
     return problem or first_problem(checks)
 
 
-def _compare(expected, actual, atol, rtol, names, reference64) -> tuple[list[OutputCheck], str | None]:
+def _compare(expected, actual, atol, rtol, names, reference64, budget=None) -> tuple[list[OutputCheck], str | None]:
     if tree_of(expected) != tree_of(actual):
         return [], (f"output structure differs: expected {_shape_of(expected)}, got {_shape_of(actual)}")
     exp, act = leaves(expected), leaves(actual)
     names = names or [f"output {i}" for i in range(len(exp))]
+    if budget is not None:
+        return check_budget(names, exp, act, budget), None
     ref = leaves(reference64) if reference64 is not None else None
     return check_outputs(names, exp, act, ref, rtol=rtol, atol=atol), None
 
@@ -73,10 +75,11 @@ def plain_cond():
 
 def check_against_eager(module: torch.nn.Module, input_sets: list[tuple], run: Callable,
                         names: list[str] | None = None, atol: float | None = None,
-                        rtol: float | None = None) -> list[InputSetCheck]:
+                        rtol: float | None = None, budget: float | None = None) -> list[InputSetCheck]:
     """Run ``run(*inputs)`` and eager ``module(*inputs)`` on every input set and compare them,
     input mutations included. An output that misses the tolerances gets a second look against a
-    float64 run of the model (computed only then)."""
+    float64 run of the model (computed only then). ``budget``: compare every floating output by
+    its relative error against this precision budget instead (a bundle with low-precision steps)."""
     results = []
     module64 = None
     for k, inputs in enumerate(input_sets):
@@ -85,8 +88,8 @@ def check_against_eager(module: torch.nn.Module, input_sets: list[tuple], run: C
         with torch.no_grad(), plain_cond():
             expected = module(*eager_in)
         actual = run(*our_in)
-        checks, problem = _compare(expected, actual, atol, rtol, names, None)
-        if problem is None and first_problem(checks) is not None:
+        checks, problem = _compare(expected, actual, atol, rtol, names, None, budget)
+        if budget is None and problem is None and first_problem(checks) is not None:
             module64 = module64 if module64 is not None else _float64_copy(module)
             ref = _float64_run(module64, inputs) if module64 is not False else None
             if ref is not None:

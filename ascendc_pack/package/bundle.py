@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import io
 import json
@@ -301,14 +302,16 @@ def bundle_kernels(model: ModelProgram, choices: dict[str, KernelChoice], tactic
 def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],
                  output: Path | str, config: BuildConfig, *, cxx: str = DEFAULT_CXX,
                  zstd_level: int = ZSTD_LEVEL, tactics: dict | None = None,
-                 call_threads: contract.CallThreads | None = None) -> BundleReport:
+                 call_threads: contract.CallThreads | None = None, precision=None) -> BundleReport:
     """Render and compile the graph, then write the ``.ascpack`` bundle to ``output``.
 
     ``model`` is the fused program, ``weights`` its weight tensors by program input name,
     ``choices`` the tuned winner of every fused kernel (by kernel name), ``tactics`` the outcome
     of every tactic step (:class:`~ascendc_pack.tactics.tune.TacticChoice` by step name; their
     choices are already applied to ``model``), ``call_threads`` the tuned thread cap of a call
-    (:mod:`ascendc_pack.tune.call_threads`; None: not tuned, no record).
+    (:mod:`ascendc_pack.tune.call_threads`; None: not tuned, no record), ``precision`` the
+    :class:`~ascendc_pack.tactics.precision.PrecisionReport` of ``--precision`` (None: no record;
+    the CPU features its low-precision steps need join ``target.isa``).
     Raises BundleWriteError (inconsistent inputs), RenderError, CompileError.
     """
     t0 = time.perf_counter()
@@ -332,7 +335,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
         members = {name: contract.Member(blob.size, blob.sha256) if src is blob else
                    contract.Member(src.stat().st_size, _sha256(src)) for name, src in files}
         manifest = _manifest(model, config, graph_src, weight_entries, kernel_entries, members,
-                             manifest_tactics(tactics) if tactics else None, call_threads)
+                             manifest_tactics(tactics) if tactics else None, call_threads, precision)
         manifest_bytes = manifest.dumps()
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
@@ -346,7 +349,8 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
 
 def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
               weights: list[contract.WeightSpec], kernels: list[contract.Kernel],
-              members: dict[str, contract.Member], tactics=None, call_threads=None) -> contract.Manifest:
+              members: dict[str, contract.Member], tactics=None, call_threads=None,
+              precision=None) -> contract.Manifest:
     """The bundle's manifest (validated: the writer is held to the contract the reader checks)."""
     p = model.program
     mutated_values = {v: k for k, v in model.mutations.items()}
@@ -358,11 +362,18 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
     inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
+    common = manifest_common(model, config)
+    record = None
+    if precision is not None:   # the CPU features the low-precision steps need join target.isa
+        common["target"] = dataclasses.replace(
+            common["target"], isa=tuple(sorted(set(common["target"].isa) | set(precision.requires))))
+        record = contract.Precision(precision.requested, precision.budget, "relative_l2", precision.error,
+                                    precision.computes, tuple(precision.requires), precision.input_sets)
     return contract.Manifest(
-        format_version=FORMAT_VERSION, **manifest_common(model, config), inputs=tuple(inputs), outputs=tuple(outputs),
+        format_version=FORMAT_VERSION, **common, inputs=tuple(inputs), outputs=tuple(outputs),
         weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
         graph=manifest_graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src, config),
-        kernels=tuple(kernels), members=members, tactics=tactics, call_threads=call_threads,
+        kernels=tuple(kernels), members=members, tactics=tactics, call_threads=call_threads, precision=record,
     ).validate()
 
 

@@ -1,8 +1,8 @@
 """Apply the tactic choices to the program (after :mod:`ascendc_pack.tactics.tune`, before fusion).
 
-* A step whose choice is candidate 0 gets its ATen steps back, exactly as captured, so the fuser
-  sees what it would have seen without tactics (the epilogue fuses as before: candidate 0 is
-  never worse than the pipeline without tactics).
+* A step whose choice is the as-captured candidate (``TacticChoice.captured``) gets its ATen
+  steps back, exactly as captured, so the fuser sees what it would have seen without tactics
+  (the epilogue fuses as before).
 * Any other choice is *lowered*: its build-stage derivations run now (BatchNorm folded into the
   weights, a ``[k, n]`` weight transposed, a channels_last weight) and their results become
   model weights; ``chosen`` keeps the load-stage derivations (oneDNN / MKL packing for this
@@ -33,6 +33,7 @@ from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, R
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import from_lowered
 from ascendc_pack.tactics.families.registry import lowered_family
+from ascendc_pack.tactics.lower_casts import cancel_round_trips, split_casts
 from ascendc_pack.tactics.rewrite import Constants, WeightSink, rewrite_cond
 
 
@@ -48,7 +49,7 @@ class LoweringResult:
 
 def lower_tactics(model: ModelProgram, weights: dict[str, torch.Tensor], decisions: dict[int, int],
                   choices: dict) -> LoweringResult:
-    """Apply ``decisions`` (candidate index by ``id(step)``; missing: candidate 0) using the
+    """Apply ``decisions`` (candidate index by ``id(step)``; missing: the as-captured one) using the
     candidates and recorded layouts of ``choices`` (:class:`~ascendc_pack.tactics.tune.TacticChoice`
     by step name). Neither argument is modified."""
     sink = WeightSink(model, weights)
@@ -56,7 +57,7 @@ def lower_tactics(model: ModelProgram, weights: dict[str, torch.Tensor], decisio
     top = set(model.weights)
     program, _ = low.program(model.program, lambda n: (lambda: sink.tensors[n]) if n in top else None, "")
     if low.lowered:
-        program = _dead_steps_removed(program)
+        program = _dead_steps_removed(cancel_round_trips(program))
     read = _reads(program)
     keep = [w for w in sink.order if w in read]
     program.inputs = keep + list(model.user_inputs)
@@ -81,15 +82,16 @@ class _Lowerer:
         steps, needs, values = [], [], dict(p.values)
         for s in p.steps:
             if isinstance(s, TacticStep):
-                index = self.decisions.get(id(s), 0)
-                if index and self.choices[s.name].results[index].values is None:
-                    index = 0  # never run on real inputs: its layouts are unknown, keep it as captured
-                if index == 0:
+                ch = self.choices[s.name]
+                index = self.decisions.get(id(s), ch.captured)
+                if index != ch.captured and ch.results[index].values is None:
+                    index = ch.captured  # never run: its layouts are unknown, keep it as captured
+                if index == ch.captured:
                     self.inlined += 1
                     steps.extend(s.steps)
                     continue
                 self.lowered += 1
-                steps.append(self.lower(s, index, consts, scope, needs, values))
+                steps.extend(split_casts(self.lower(s, index, consts, scope, needs, values), scope, values))
             elif isinstance(s, CondStep):
                 steps.append(rewrite_cond(self, s, consts, scope, needs, values))
             else:

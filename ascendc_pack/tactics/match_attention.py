@@ -4,7 +4,7 @@ Capture leaves both ``scaled_dot_product_attention`` and the written-out chain a
 
     QQ = mul(q, a) | q                        KK = mul(permute(k, [0,1,3,2]), a) | permute(k, ...)
     S  = view(bmm(view(expand(QQ)), view(expand(KK))), [B, H, L, S])  (* c | / c)
-    s  = add(S, mask) | S
+    s  = add(S, mask) | where(bool_mask, S, scalar_tensor(-inf)) | S
     p  = div(exp(sub(s, amax(s))), sum(...))  (then, for _safe_softmax: where(all masked, 0, p))
     out = view(bmm(view(expand(p)), view(expand(v))), [B, H, L, Ev])
 
@@ -126,10 +126,15 @@ def match_attention(mt, i: int):
         return None
     # the scores
     mask = mask_shape = mask_windows = None
+    mask_kind = "float"
     pre = mt.step_of(s)
     windowed = _windowed_mask(mt, s, steps)
+    bool_mask = _bool_mask(mt, s, steps) if windowed is None else None
     if windowed is not None:
         scores, mask, mask_shape, mask_windows = windowed
+    elif bool_mask is not None:
+        scores, mask = bool_mask
+        mask_kind = "bool"
     elif pre is not None and pre.op == "aten.add.Tensor" and not pre.kwargs and all(isinstance(a, Ref) for a in pre.args):
         scores, mask = pre.args[0].name, pre.args[1].name
         steps.append(mt.index_of(s))
@@ -176,7 +181,7 @@ def match_attention(mt, i: int):
     S, Ev = ks.shape[2], vs.shape[3]
     if mask is not None:
         ms = mt.spec(mask)
-        if ms is None or ms.dtype != ss.dtype or (mask_shape is None and not (  # (a window mask: checked)
+        if ms is None or ms.dtype != (ss.dtype if mask_kind == "float" else "bool") or (mask_shape is None and not (  # (a window mask: checked)
                 len(ms.shape) in (2, 3, 4) and _broadcasts(tuple(ms.shape), (B, H, L, S)))):
             return None
         mask_shape = mask_shape or tuple(ms.shape)
@@ -188,7 +193,7 @@ def match_attention(mt, i: int):
         return None
     fields = {"batch": B, "heads": H, "q_len": L, "kv_len": S, "head_dim": E, "kv_heads": kv_heads,
               "v_head_dim": Ev if Ev != E else None, "scale": scale if not math.isclose(scale, E ** -0.5) else None,
-              "mask": "float" if mask is not None else None,
+              "mask": mask_kind if mask is not None else None,
               "mask_shape": mask_shape, "causal": False, "safe_softmax": safe, "dtype": ss.dtype,
               "mask_windows": mask_windows}
     bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {})}
@@ -235,6 +240,20 @@ def _windowed_mask(mt, s: str, steps: list):
         return None
     steps += [mt.index_of(s), mt.index_of(v2.args[0].name), mt.index_of(add.args[0].name)]
     return scores, mask, shape, windows
+
+
+def _bool_mask(mt, s: str, steps: list):
+    """``s = where(mask, S, scalar_tensor(-inf))`` (a boolean mask written out, e.g. a causal
+    ``torch.where(mask, scores, -inf)``) -> ``(S, mask)`` with its steps recorded; else None."""
+    w = _step(mt, s, "aten.where.self")
+    if w is None or w.kwargs or not all(isinstance(a, Ref) for a in w.args):
+        return None
+    mask, scores, fill = (a.name for a in w.args)
+    f = _step(mt, fill, "aten.scalar_tensor.default")
+    if f is None or len(f.args) != 1 or f.args[0] != NEG_INF or not mt.private(fill, {mt.index_of(s)}):
+        return None
+    steps += [mt.index_of(s), mt.index_of(fill)]
+    return scores, mask
 
 
 def _safe_guard(mt, s: str, p: str, steps: list) -> bool:

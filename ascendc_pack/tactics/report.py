@@ -8,6 +8,7 @@ from ascendc_pack_runtime import manifest as contract
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.choice import unstable_footnote
 from ascendc_pack.ir.program import Program
+from ascendc_pack.tactics.dispatch.lowp import precision_of
 from ascendc_pack.tactics.families.registry import DISPATCH, lowered_family
 
 
@@ -19,22 +20,30 @@ def _fmt(us: float | None) -> str:
 
 def tactic_table(choices: dict) -> str:
     """Per tactic step: kind, candidates, the chosen one (per use when they differ), its time,
-    candidate 0's, the speedup and whether a run reached it."""
-    head = f"{'tactic step':<44} {'cands':>5} {'chosen':>14} {'chosen':>10} {'cand0':>10} {'speedup':>8} visited"
+    the as-captured candidate's (ATen), the speedup and whether a run reached it (``checked``:
+    verified untimed, ``--topn 1``; ``synthetic``: verified on synthetic arguments)."""
+    head = f"{'tactic step':<44} {'cands':>5} {'chosen':>14} {'chosen':>10} {'aten':>10} {'speedup':>8} visited"
     lines = [head, "-" * len(head)]
     for name, ch in choices.items():
-        picks = sorted({u["chosen_index"] for u in ch.uses}) or [0]
+        picks = sorted({u["chosen_index"] for u in ch.uses}) or [ch.captured]
         label = ",".join(f"{i}:{ch.candidates[i].name}" for i in picks)
         best = ch.results[picks[0]].median_us
-        c0 = ch.results[0].median_us
+        c0 = ch.results[ch.captured].median_us
         speed = f"{c0 / best:.2f}x" if best and c0 else "-"
         if ch.quality is not None and not ch.quality.stable:
             speed += "?"
         uses = f" x{len(ch.uses)}" if len(ch.uses) > 1 else ""
+        how = {"checked": " (checked)", "synthetic": " (synthetic)"}.get(_how(ch), "")
         lines.append(f"{(name + uses)[:44]:<44} {len(ch.candidates):>5} {label[:14]:>14} {_fmt(best)} {_fmt(c0)} "
-                     f"{speed:>8} {'yes' if ch.visited else 'no'}")
+                     f"{speed:>8} {'yes' if ch.visited else 'no'}{how}")
     note = unstable_footnote([ch.quality for ch in choices.values()], "tactic step")
     return "\n".join(lines + ([note] if note else []))
+
+
+def _how(ch) -> str:
+    from ascendc_pack.tactics.decide import verified_on
+
+    return verified_on(ch)
 
 
 def manifest_tactics(choices: dict) -> tuple[contract.TacticStep, ...]:
@@ -42,8 +51,8 @@ def manifest_tactics(choices: dict) -> tuple[contract.TacticStep, ...]:
     out = []
     for name, ch in choices.items():
         cands = tuple(contract.TacticCandidate(i, r.key, r.name, r.median_us, r.error is not None,
-                                               r.disqualified is not None)
-                      for i, r in enumerate(ch.results))
+                                               r.disqualified is not None, precision_of(t))
+                      for i, (r, t) in enumerate(zip(ch.results, ch.candidates)))
         chosen = ch.chosen_index
         uses = tuple({"inputs": list(u["inputs"]), "outputs": list(u["outputs"]), "chosen_index": u["chosen_index"],
                       "chain": u["chain"]} for u in ch.uses)

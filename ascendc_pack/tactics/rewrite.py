@@ -196,6 +196,8 @@ class _State:
             log.debug("tactic pass: %s at %s not described (%s)", m.kind, m.output, e)
             return None
         bind = dict(m.bind)
+        if m.kind == "attention":
+            step = _causal(step, bind, consts)
         if m.affine is not None:
             mean, scale, bias = (consts.tensor(n).reshape(-1) if n else None for n in m.affine)
             shift = -mean * scale if bias is None else bias - mean * scale
@@ -209,6 +211,28 @@ class _State:
         return TacticStep(name="", tactic_kind=m.kind, desc=json.loads(json.dumps(step.to_json())), bind=bind,
                           shapes={k: tuple(v) for k, v in step.shapes().items()}, outputs=[m.output],
                           steps=[p.steps[i] for i in m.steps])
+
+
+def _causal(step, bind: dict, consts: Constants):
+    """An attention step whose mask is a constant causal one (``tril(ones(L, S))`` as a boolean
+    mask, or 0 / -inf as an additive one, broadcast over batch and heads) as ``causal=True``
+    without a mask (``bind`` loses it): flash attention and the generated kernel then skip the
+    masked half instead of reading a mask. Anything else is returned as it is."""
+    name = bind.get("mask")
+    if step.mask is None or step.mask_windows or name is None or name not in consts:
+        return step
+    L, S = step.q_len, step.kv_len
+    shape = tuple(step.mask_shape or ())
+    if len(shape) < 2 or shape[-2:] != (L, S) or any(d != 1 for d in shape[:-2]):
+        return step
+    t = consts.tensor(name).reshape(L, S)
+    keep = torch.ones(L, S, dtype=torch.bool).tril()
+    causal = torch.equal(t, keep) if step.mask == "bool" else \
+        torch.equal(t, torch.zeros(L, S, dtype=t.dtype).masked_fill(~keep, float("-inf")))
+    if not causal:
+        return step
+    del bind["mask"]
+    return dataclasses.replace(step, mask=None, mask_shape=None, causal=True)
 
 
 def _description(m: Match):
@@ -322,26 +346,55 @@ def step_name(p: Program, s: TacticStep) -> str:
     return f"{s.tactic_kind}_{label}_{digest}"
 
 
-def candidates_for(s: TacticStep, topn: int) -> list[T.Tactic]:
-    """The candidates of a tactic step, candidate 0 (ATen as captured) first, at most ``topn``.
+#: the names of the candidate that is the step as captured (ATen), per kind
+CAPTURED = {"linear": "aten", "conv": "aten", "attention": "unfused"}
+
+
+def is_captured(t) -> bool:
+    """Whether ``t`` is its step's as-captured candidate (the ATen steps, the fallback)."""
+    return t.family == "dispatch" and t.name == CAPTURED.get(t.kind)
+
+
+def candidates_for(s: TacticStep, topn: int, target=None, precisions: tuple[str, ...] = ()) -> list[T.Tactic]:
+    """The candidates of a tactic step, at most ``topn`` plus the as-captured one.
 
     A convolution inside a chain gets the channels_last candidates that read channels_last input
     as is (``onednn_cl``, ``aten_cl``); an entry step also ``onednn``, which reads NCHW and
-    returns channels_last. The order is the expected merit (docs/TACTICS.md), so a small
-    ``--topn`` keeps the likely winners."""
+    returns channels_last. With a ``target`` (:class:`~ascendc_pack.kernels.target.CpuTarget`) the
+    candidates are ordered by the cost model's prediction (:mod:`ascendc_pack.tactics.predict`),
+    so candidate 0 is the predicted best and a small ``--topn`` keeps the likely winners; without
+    one, the as-captured candidate comes first, then the expected merit. The as-captured candidate
+    is always there (appended when the cap cut it): it is the fallback of a candidate that fails
+    verification (docs/TACTICS.md "Candidate order"). ``precisions`` (``("bf16",)``) adds the
+    low-precision candidates of those precisions after them (:mod:`ascendc_pack.tactics.dispatch.lowp`;
+    a convolution's: those of its chain position), at most ``topn`` each."""
+    from ascendc_pack.tactics.dispatch.lowp import low_precision_tactics
+
     step = T.step_from_json(s.desc)
+    low: list[T.Tactic] = []
     if s.tactic_kind == "conv":
         if s.desc.get("position") == "interior":
             inner = dataclasses.replace(step, layout=CL)
             by_name = {t.name: t for t in T.candidates(inner)}
             order = ["onednn_cl", "aten_cl"]
+            low = [t for t in low_precision_tactics(inner, precisions) if t.name == "onednn_cl_bf16"]
         else:
             by_name = {t.name: t for t in T.candidates(step)}
             order = ["onednn", "onednn_cl", "aten_cl"]
+            low = low_precision_tactics(step, precisions)
         cands = [T.candidates(step)[0]] + [by_name[n] for n in order if n in by_name]
     else:
         cands = T.candidates(step)
-    return cands[:topn]
+        low = low_precision_tactics(step, precisions)
+    low = [t for t in low if not T.unreachable_ops(t)]
+    if target is not None:
+        from ascendc_pack.tactics.predict import by_prediction
+
+        cands = [t for _, t in by_prediction(s.tactic_kind, s.desc, cands, target)]
+        low = [t for _, t in by_prediction(s.tactic_kind, s.desc, low, target)]
+    kept = cands[:max(1, topn)]
+    kept += [t for t in cands[len(kept):] if is_captured(t)]
+    return kept + low[:max(1, topn)]
 
 
 def in_layout_chain(t: T.Tactic) -> bool:
@@ -349,5 +402,6 @@ def in_layout_chain(t: T.Tactic) -> bool:
     return t.kind == "conv" and t.param("out_layout") == CL
 
 
-__all__ = ["find_tactics", "TacticPassResult", "WeightSink", "Constants", "candidates_for", "step_name",
+__all__ = ["find_tactics", "TacticPassResult", "WeightSink", "Constants", "candidates_for", "step_name", "CAPTURED",
+           "is_captured",
            "thread_weights", "rewrite_cond", "in_layout_chain", "LAYOUT_KEEPING"]

@@ -20,11 +20,22 @@ protocol of fused kernels (docs/DESIGN.md §2.5):
   written atomically under the directory's lock. A rebuild on the same host whose record timed
   every current candidate reuses it: zero profiling.
 
+**Candidate order** (docs/TACTICS.md): a step's candidates are ordered by the cost model
+(:mod:`ascendc_pack.tactics.predict`), so candidate 0 is the predicted best; the as-captured
+candidate (the ATen steps) is always among them, as the fallback. With ``--topn 1`` nothing is
+timed: a step's candidates are verified in order on its first call and the first that passes is
+taken (the as-captured one needs no check).
+
 Steps sharing a name share one measurement. :meth:`TacticTuner.decisions` then picks, per step:
 the fastest candidate for GEMMs and attention; for a convolution chain, the configuration
 (as captured vs channels_last, :mod:`ascendc_pack.tactics.rewrite`) with the smaller sum of
-medians over the chain. A step no run reached (an unvisited ``torch.cond`` branch), or a chain
-with such a step, keeps candidate 0 even when a step of the same name elsewhere was measured.
+medians over the chain. A step no timed run reached (``--topn 1``, or an unvisited ``torch.cond``
+branch even when a step of the same name elsewhere was measured) takes candidate 0 - the seed's
+rule - when candidate 0 passed verification: on the arguments of the run that reached it, or,
+for a step no run reached, on arbitrary arguments of its shapes, strides and dtypes (the check
+needs some inputs; the reference is the step's own ATen steps on the same arguments); else the
+next candidate that passed, down to the as-captured one. A chain no timed run covered compares
+its two configurations by the cost model's predictions of its verified candidates.
 """
 
 from __future__ import annotations
@@ -35,7 +46,6 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -44,14 +54,20 @@ from ascendc_pack_runtime.accuracy import check_tensor
 import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.autotune.protocol import AutotuneError, CandidateFailed, Protocol, contention_clock, select
 from ascendc_pack.cache import KernelDir, atomic_write_text, stable_hash
-from ascendc_pack.ir.choice import MeasurementQuality, rel_spread
+from ascendc_pack.ir.choice import MeasurementQuality
 from ascendc_pack.config import BuildConfig, host_cores
 from ascendc_pack.frontend.executor import run_aten, run_model, run_program, run_reference_tactic
 from ascendc_pack.kernels.target import host_fingerprint
 from ascendc_pack.ir.program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import compile_kernel_tactics, plan_kernel_tactics, planned_total
-from ascendc_pack.tactics.rewrite import candidates_for, in_layout_chain
+from ascendc_pack.tactics.decide import (TacticChoice, TacticResult, chain_decision, low_check, measured, median,
+                                         offered_precisions, order_by_prediction, pick_by_precision, predicted,
+                                         synthetic_env)
+from ascendc_pack.tactics.dispatch.lowp import NATIVE, precision_of
+from ascendc_pack.tactics.lower_casts import core
+from ascendc_pack.tactics.predict import predict_us
+from ascendc_pack.tactics.rewrite import candidates_for, in_layout_chain, is_captured
 from ascendc_pack.tactics.dispatch.dispatcher import bind, execute
 from ascendc_pack.autotune.timing_pool import pool_enabled, timing_pool
 from ascendc_pack.toolchain.cxx import package_version
@@ -62,81 +78,6 @@ TACTIC_TUNING_VERSION = 2
 """2: generated kernels are timed on the graph's task pool (``timing_pool``), not OpenMP."""
 TACTIC_CACHE_SUBDIR = "tactics"
 CL = torch.channels_last
-
-
-@dataclass
-class TacticResult:
-    """One candidate's outcome: its key and name, its median and samples (µs; None/[] when not
-    timed), why it failed (``error``; ``disqualified`` when verification rejected it) and the
-    layouts of its tensors on the real arguments (``values``, what the graph plans with)."""
-
-    index: int
-    key: str
-    name: str
-    median_us: float | None = None
-    samples_us: list[float] = field(default_factory=list)
-    error: str | None = None
-    disqualified: dict | None = None
-    values: dict[str, TensorSpec] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def rel_spread(self) -> float | None:
-        return rel_spread(self.samples_us, self.median_us)
-
-    def to_json(self) -> dict:
-        d = {"index": self.index, "key": self.key, "name": self.name, "median_us": self.median_us,
-             "samples_us": [round(x, 3) for x in self.samples_us], "error": self.error}
-        if self.disqualified is not None:
-            d["disqualified"] = self.disqualified
-        if self.values is not None:
-            d["values"] = {k: v.to_json() for k, v in self.values.items()}
-        return d
-
-    @staticmethod
-    def from_json(d: dict) -> TacticResult:
-        values = d.get("values")
-        return TacticResult(int(d["index"]), d["key"], d["name"], d.get("median_us"), list(d.get("samples_us", [])),
-                            d.get("error"), d.get("disqualified"),
-                            {k: TensorSpec.from_json(v) for k, v in values.items()} if values is not None else None)
-
-
-@dataclass
-class TacticChoice:
-    """The outcome of one distinct tactic step (all steps sharing ``name``).
-
-    ``best`` is the fastest verified candidate; ``uses`` one entry per step with this name
-    (``inputs``, ``outputs``, ``chosen_index``: after the chain decision, ``chain``, ``visited``);
-    ``chosen_index`` is the first use's choice."""
-
-    name: str
-    kind: str
-    desc: dict
-    candidates: list[T.Tactic]
-    results: list[TacticResult]
-    best: int = 0
-    visited: bool = False
-    from_cache: bool = False
-    profiled: bool = False
-    quality: MeasurementQuality | None = None
-    uses: list[dict] = field(default_factory=list)
-
-    @property
-    def chosen_index(self) -> int:
-        return self.uses[0]["chosen_index"] if self.uses else 0
-
-    @property
-    def decided(self) -> bool:
-        return self.profiled or self.from_cache or len(self.candidates) == 1
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "desc": self.desc, "best_index": self.best,
-                "chosen_index": self.chosen_index, "visited": self.visited,
-                "candidates": [{**r.to_json(), "tactic": t.to_json()} for r, t in zip(self.results, self.candidates)],
-                "uses": self.uses, **({"quality": self.quality.to_json()} if self.quality else {})}
 
 
 class TacticTuner:
@@ -167,18 +108,23 @@ class TacticTuner:
         self._pool: int | None = None  # the graph's task pool generated kernels are timed on
         self._compiled = False
         firsts = {}
+        target = _target(config) if self.instances else None
+        self.offered, self.not_offered = offered_precisions(config)
         for s in self.instances:
             if s.name not in self.choices:
-                cands = candidates_for(s, config.topn)
-                self.choices[s.name] = TacticChoice(s.name, s.tactic_kind, s.desc, cands, [])
+                cands = candidates_for(s, config.topn, target, self.offered)
+                ch = TacticChoice(s.name, s.tactic_kind, s.desc, cands, [])
+                ch.captured = next(i for i, t in enumerate(cands) if is_captured(t))
+                ch.predicted_us = [predict_us(s.tactic_kind, s.desc, t.name, target) for t in cands]
+                self.choices[s.name] = ch
                 firsts[s.name] = s
         # the generated kernels' tilings join the steps' candidates (every registered family that
         # takes the step); candidate 0's epilogue is timed as a fused kernel: both are compiled by
         # :meth:`compile`, before any run
         values_of = {s.name: self.programs[id(s)].values for s in firsts.values()}
         self._steps = firsts
-        self._kernel_plans = plan_kernel_tactics([s for s in firsts.values() if config.topn > 1], values_of,
-                                                 config) if gemm else {}
+        # at --topn 1 too: each family's first tiling, ranked with the rest by its own cost model
+        self._kernel_plans = plan_kernel_tactics(list(firsts.values()), values_of, config) if gemm else {}
         tuned = [s for s in firsts.values() if config.topn > 1 and
                  (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear" or s.name in self._kernel_plans)]
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
@@ -201,7 +147,10 @@ class TacticTuner:
         if self._compiled:
             return
         for name, cands in compile_kernel_tactics(self._kernel_plans, self._steps, self.config, progress).items():
-            self.choices[name].candidates += cands
+            ch = self.choices[name]
+            ch.candidates += cands
+            ch.predicted_us += [t.est_us for t in cands]  # the family's own cost model
+            order_by_prediction(ch)
         if self._kernel_plans:  # timed on the pool graph.so runs them on
             self._pool = timing_pool(self.config)
         epi = Program([], [f for p in self._epilogues.values() for f in p.fused_steps()], [], {})
@@ -253,11 +202,60 @@ class TacticTuner:
         ch = self.choices[step.name]
         ch.visited = True
         if not ch.decided:
-            self._tune(ch, step, env, out)
+            if self.config.topn > 1:
+                self._tune(ch, step, env, out)
+            else:
+                self._check(ch, step, env, out)
         return out
 
+    def _check(self, ch: TacticChoice, step: TacticStep, env: dict, out: torch.Tensor) -> None:
+        """``--topn 1``: verify the candidates in order, untimed, until one passes; it is ``best``
+        (the as-captured candidate passes by definition: it is the reference). A convolution of a
+        chain also gets its first channels_last candidate verified (the chain's layout is one
+        decision over its steps), and each low precision offered its first candidate that passes
+        (``low``)."""
+        ch.checked = True
+        named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
+        ref64 = _reference64(step, env)
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(ch.candidates):
+            groups.setdefault(precision_of(t), []).append(i)
+        if step.tactic_kind == "conv" and step.chain:
+            groups["channels_last"] = [i for i in groups.get(NATIVE, []) if in_layout_chain(ch.candidates[i])]
+        for group, indices in groups.items():
+            for i in indices:
+                tactic = ch.candidates[i]
+                if ch.verified(i) or ch.results[i].error:
+                    passed = ch.verified(i)
+                else:
+                    try:
+                        passed = self._verify(ch, i, tactic, step, named, out, ref64) is not None
+                    except Exception as e:  # noqa: BLE001 - a failing candidate must not stop the build
+                        ch.results[i].error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+                        log.warning("tactic %s: candidate #%d (%s) failed: %s", ch.name, i, tactic.name,
+                                    ch.results[i].error)
+                        passed = False
+                if passed or (i == ch.captured and group == NATIVE):
+                    if group == NATIVE:
+                        ch.best = i
+                    elif group != "channels_last":
+                        ch.low[group] = i
+                    log.info("Tactic %s: candidate #%d (%s) verified%s, not timed (--topn 1: the cost model's order)",
+                             ch.name, i, tactic.name, " on synthetic arguments" if ch.synthetic else "")
+                    break
+
+    def _check_synthetic(self, step: TacticStep) -> None:
+        """Verify the candidates of a step no run reached on arbitrary arguments of its shapes,
+        strides and dtypes (:func:`_synthetic_env`), as :meth:`_check` does on real ones."""
+        ch = self.choices[step.name]
+        ch.synthetic = True
+        env = synthetic_env(step, self.programs[id(step)].values)
+        with torch.no_grad():
+            out = run_reference_tactic(step, env)
+        self._check(ch, step, env, out)
+
     def _cache_dir(self, ch: TacticChoice) -> KernelDir:
-        ahash = stable_hash(TACTIC_TUNING_VERSION, ch.name, json.dumps([t.key for t in ch.candidates]),
+        ahash = stable_hash(TACTIC_TUNING_VERSION, ch.name, json.dumps(sorted(t.key for t in ch.candidates)),
                             torch.__version__, package_version(), self.config.effective_cores,
                             "pool" if pool_enabled() else "openmp")[:16]
         return KernelDir(self.config.kernel_cache_root / TACTIC_CACHE_SUBDIR, ch.name, ahash)
@@ -279,8 +277,9 @@ class TacticTuner:
                     ch.results[i].error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
                     log.warning("tactic %s: candidate #%d (%s) failed: %s", ch.name, i, tactic.name,
                                 ch.results[i].error)
-            if ch.results[0].ok and self.compile_epilogue:
-                runners[0] = self._captured_runner(step, env) or runners[0]
+            c = ch.captured
+            if ch.results[c].ok and self.compile_epilogue:
+                runners[c] = self._captured_runner(step, env) or runners[c]
             errors = [r.error for r in ch.results]
             try:
                 sel = select(len(runners), _measure(runners, errors), self.protocol, contention=contention_clock)
@@ -293,7 +292,8 @@ class TacticTuner:
                     r.median_us = sel.medians_us[i]
                 log.info("Tactic %s #%d %s: %s", ch.name, i, r.name,
                          f"Timing = {r.median_us:.2f} us" if r.median_us is not None else f"failed ({r.error})")
-            ch.best = sel.best if sel is not None else 0
+            ch.best = sel.best if sel is not None else ch.captured
+            pick_by_precision(ch)
             if sel is not None:
                 ch.quality = MeasurementQuality.assess(ch.results, ch.best, os.getloadavg()[0], host_cores(),
                                                        sel.wait_share)
@@ -317,11 +317,17 @@ class TacticTuner:
             full = execute(calls, {**prepared, **acts})
         got = full[tactic.output]
         ch.results[i].values = {n: _spec(t) for n, t in full.items() if isinstance(t, torch.Tensor)}
-        if i == 0:
+        if i == ch.captured:
             return lambda: execute(calls, {**prepared, **acts})
         want = expected.reshape(got.shape) if got.numel() == expected.numel() else expected
         r64 = ref64.reshape(got.shape) if ref64 is not None and ref64.numel() == got.numel() else None
-        check = check_tensor("output", want, got, r64)
+        prec = precision_of(tactic)
+        check = check_tensor("output", want, got, r64) if prec == NATIVE else low_check(want, got, prec)
+        span = core(tactic)
+        if check.ok and span is not None:  # timed as lowered: the conversions fuse into the kernels around it
+            inner = calls[span[0]:span[1]]
+            fed = {**prepared, **acts, **{c.out: full[c.out] for _, c in calls[:span[0]]}}
+            return lambda: execute(inner, fed)
         if not check.ok:
             ch.results[i].disqualified = {"reason": "wrong result", "detail": check.problem, "output": step.outputs[0],
                                           "max_error": check.max_error, "allowed": check.allowed}
@@ -382,6 +388,7 @@ class TacticTuner:
             log.warning("tactic %s: corrupt tuning cache (%s); re-tuning", ch.name, e)
             return
         ch.best = keys.index(key)
+        pick_by_precision(ch)
         ch.quality = MeasurementQuality.from_json(rec.get("quality"))
         ch.from_cache = True
         log.info("tactic %s: cached choice, best tactic index: %d", ch.name, ch.best)
@@ -409,25 +416,41 @@ class TacticTuner:
     # decisions ----------------------------------------------------------------------------------
     def decisions(self) -> dict[int, int]:
         """The chosen candidate index of every tactic step (by ``id(step)``); also fills each
-        choice's ``uses``."""
+        choice's ``uses``. A step no run reached whose candidates never ran anywhere is verified
+        on synthetic arguments first (:meth:`_check_synthetic`)."""
+        for s in self.instances:
+            ch = self.choices[s.name]
+            if id(s) not in self.reached and not any(ch.verified(i) for i in range(len(ch.candidates))) \
+                    and len(ch.candidates) > 1:
+                try:
+                    self._check_synthetic(s)
+                except Exception as e:  # noqa: BLE001 - the reference cannot run on made-up inputs: as captured
+                    log.info("tactic %s: no synthetic check (%s); the step stays as captured", ch.name, e)
         out: dict[int, int] = {}
         chains: dict[int, list[TacticStep]] = {}
         for s in self.instances:
             ch = self.choices[s.name]
             if s.tactic_kind == "conv" and s.chain:
                 chains.setdefault(s.chain, []).append(s)
+            elif measured(ch) and id(s) in self.reached:
+                out[id(s)] = ch.best
             else:
-                out[id(s)] = ch.best if _measured(ch) and id(s) in self.reached else 0
+                out[id(s)] = ch.first_verified()
         for chain in chains.values():
-            if not all(id(s) in self.reached for s in chain):  # a step no run reached: as captured
-                picks = [0] * len(chain)
-            else:
-                picks = _chain_decision([self.choices[s.name] for s in chain])
+            chs = [self.choices[s.name] for s in chain]
+            timed = all(id(s) in self.reached for s in chain) and all(measured(ch) for ch in chs)
+            picks = chain_decision(chs, median if timed else predicted)
             for s, i in zip(chain, picks):
                 out[id(s)] = i
-        for s in self.instances:  # a candidate never run here has no recorded layouts: as captured
-            if self.choices[s.name].results[out[id(s)]].values is None:
-                out[id(s)] = 0
+        return self.record_uses(out)
+
+    def record_uses(self, out: dict[int, int]) -> dict[int, int]:
+        """Fill each choice's ``uses`` from ``out`` (candidate index by ``id(step)``; a candidate
+        never run here has no recorded layouts and falls back to the as-captured one); returns it."""
+        for s in self.instances:
+            ch = self.choices[s.name]
+            if ch.results[out[id(s)]].values is None:
+                out[id(s)] = ch.captured
         for ch in self.choices.values():
             ch.uses = []
         for s in self.instances:
@@ -437,27 +460,11 @@ class TacticTuner:
         return out
 
 
-def _measured(ch: TacticChoice) -> bool:
-    return (ch.profiled or ch.from_cache) and ch.results[0].median_us is not None
+def _target(config: BuildConfig):
+    """The cost models' view of this host (:class:`~ascendc_pack.kernels.target.CpuTarget`)."""
+    from ascendc_pack.kernels.target import CpuTarget
 
-
-def _chain_decision(chs: list[TacticChoice]) -> list[int]:
-    """Per step of one convolution chain: all candidate 0 (as captured), or each step's fastest
-    channels_last candidate, whichever sums to less (every step must have been measured)."""
-    if not all(_measured(ch) for ch in chs):
-        return [0] * len(chs)
-    best_cl = []
-    for ch in chs:
-        timed = [(r.median_us, i) for i, (r, t) in enumerate(zip(ch.results, ch.candidates))
-                 if i > 0 and r.median_us is not None and in_layout_chain(t)]
-        if not timed:
-            return [0] * len(chs)
-        best_cl.append(min(timed))
-    captured = sum(ch.results[0].median_us for ch in chs)
-    channels_last = sum(m for m, _ in best_cl)
-    if channels_last < captured:
-        return [i for _, i in best_cl]
-    return [0] * len(chs)
+    return CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
 
 
 def _epilogue_program(step: TacticStep, values: dict) -> Program:

@@ -53,6 +53,8 @@ class OutputCheck:
 
     def describe(self) -> str:
         """One line for a report: the error and the allowed error."""
+        if self.problem is None and self.rule.startswith("relative error"):
+            return f"{self.name}: relative error {self.max_error:.3g} (budget {self.allowed:.3g})"
         if self.problem is None:
             return f"{self.name}: max error {self.max_error:.3g} (allowed {self.allowed:.3g})"
         return f"{self.name}: {self.problem}"
@@ -132,6 +134,47 @@ def check_outputs(names: list[str], expected: list, actual: list, reference64: l
                             f"expected {len(expected)} output tensors, got {len(actual)}", "")]
     refs = reference64 if reference64 is not None and len(reference64) == len(expected) else [None] * len(expected)
     return [check_tensor(n, e, a, r, rtol, atol) for n, e, a, r in zip(names, expected, actual, refs)]
+
+
+def relative_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
+    """The relative error of one output: ``||actual - expected||_2 / ||expected||_2`` in float64
+    over the finite elements (a precision budget's metric, docs/PRECISION.md). 0.0 for equal
+    tensors (an all-zero ``expected`` included); ``inf`` where shapes differ, NaN/infinities do not
+    meet or integer/bool outputs differ."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+        return float("inf")
+    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        return 0.0 if torch.equal(actual.to(expected.dtype), expected) else float("inf")
+    e, a = _real64(expected), _real64(actual)
+    fe, fa = torch.isfinite(e), torch.isfinite(a)
+    if not torch.equal(fe, fa) or not torch.equal(e[~fe].nan_to_num(0.0), a[~fa].nan_to_num(0.0)) \
+            or not torch.equal(torch.isnan(e), torch.isnan(a)):
+        return float("inf")
+    diff = float(torch.linalg.vector_norm(a[fa] - e[fe]))
+    norm = float(torch.linalg.vector_norm(e[fe]))
+    if diff == 0.0:
+        return 0.0
+    return diff / norm if norm > 0 else float("inf")
+
+
+def check_budget(names: list[str], expected: list, actual: list, budget: float) -> list[OutputCheck]:
+    """Compare flat lists of outputs by a precision budget (a bundle with low-precision steps,
+    manifest ``precision``): every floating output's :func:`relative_error` at most ``budget``;
+    integer and bool outputs must be equal (:func:`check_tensor`)."""
+    if len(expected) != len(actual):
+        return [OutputCheck("outputs", float("inf"), 0.0, None, None, None,
+                            f"expected {len(expected)} output tensors, got {len(actual)}", "")]
+    out = []
+    rule = f"relative error ||y - eager|| / ||eager|| <= the accuracy budget {budget:g}"
+    for n, e, a in zip(names, expected, actual):
+        if not (isinstance(e, torch.Tensor) and (e.dtype.is_floating_point or e.dtype.is_complex)):
+            out.append(check_tensor(n, e, a))
+            continue
+        rel = relative_error(e, a)
+        problem = None if rel <= budget else (f"relative error {rel:.3g} exceeds the accuracy budget {budget:g} the "
+                                              "bundle was built with")
+        out.append(OutputCheck(n, rel, budget, None, None, None, problem, rule))
+    return out
 
 
 def first_problem(checks: list[OutputCheck]) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from .accuracy import OutputCheck, check_outputs, first_problem
+from .accuracy import OutputCheck, check_budget, check_outputs, first_problem
 
 
 class ModelFileLoadError(ValueError):
@@ -54,14 +54,18 @@ def load_eager_module(path: str | Path) -> torch.nn.Module:
 
 def compare_with_eager(module: torch.nn.Module, inputs: list[torch.Tensor], actual: list[torch.Tensor],
                        names: list[str], rtol: float | None = None,
-                       atol: float | None = None) -> tuple[list[OutputCheck], str | None]:
+                       atol: float | None = None, budget: float | None = None) -> tuple[list[OutputCheck], str | None]:
     """(one check per output, the first problem or None): the bundle's flat ``actual`` outputs
     against ``module(*inputs)``; an output that misses the tolerances gets a second look against
-    a float64 run of the module (passes if as accurate as eager)."""
+    a float64 run of the module (passes if as accurate as eager). ``budget``: compare by the
+    precision budget of a bundle with low-precision steps instead (:func:`~.accuracy.check_budget`)."""
     with torch.no_grad():
         expected = pytree.tree_leaves(module(*[t.clone() for t in inputs]))
     if len(expected) != len(actual):
         return [], f"the bundle gives {len(actual)} output tensors, the model file's module {len(expected)}"
+    if budget is not None:
+        checks = check_budget(names, expected, actual, budget)
+        return checks, first_problem(checks)
     checks = check_outputs(names, expected, actual, rtol=rtol, atol=atol)
     if first_problem(checks) is not None:
         wide = _float64_outputs(module, inputs)

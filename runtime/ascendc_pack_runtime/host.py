@@ -111,6 +111,16 @@ def host_problems(m: Manifest, *, cpu_flags: frozenset[str] | set[str] | None = 
     elif want_arch:
         flags = host_cpu_flags() if cpu_flags is None else frozenset(cpu_flags)
         missing = sorted(set(target.isa) - flags) if flags is not None else []
+        precision = getattr(m, "precision", None)   # absent before --precision
+        low = sorted(set(missing) & set(precision.requires)) if precision is not None else []
+        if low:
+            fix = (f"rebuild without --precision {precision.requested} (float32 steps), or run it on a host with "
+                   f"{', '.join(low)}")
+            problems.append(MissingCpuFeaturesError(
+                f"{MANIFEST_NAME}: field 'target.isa': the bundle's {precision.computes} steps (built with "
+                f"--precision {precision.requested}) need CPU features this host lacks: {', '.join(low)} "
+                f"(emulated, they would run slower than float32): {fix}", field="target.isa", fix=fix))
+            missing = [f for f in missing if f not in low]
         if missing:
             fix = ("rebuild with a portable target this host supports, e.g. `ascendc-pack build "
                    "--march x86-64-v2`" if host_arch == "x86_64" else

@@ -18,7 +18,6 @@ tiling). :meth:`Manifest.from_json` runs it; :func:`parse` reads the JSON bytes 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -33,7 +32,8 @@ from .outputs import count_leaves
 from .outputs import validate as validate_tree
 from .manifest_dynamic import BatchDims, DynDim, Dynamic, Plan, dynamic_dims
 from .manifest_graph import Graph
-from .manifest_tactics import CallThreads, TacticCandidate, TacticStep
+from .manifest_kernels import Candidate, Kernel, kernel_key_of
+from .manifest_tactics import CallThreads, Precision, TacticCandidate, TacticStep
 from .schema import MAX_COUNT, Fields, field_error, is_int, loads, show
 from .tensor_meta import itemsize, span_elems
 
@@ -218,96 +218,6 @@ class Weights:
         return {"file": self.file, "alignment": self.alignment, "tensors": [t.to_json() for t in self.tensors]}
 
 
-def kernel_key_of(tiling_repr: str, workspace: int, block_dim: int) -> str:
-    """``md5("<tiling_repr>|<workspace>|<block_dim>")`` hex: the torch_npu recipe (docs/DESIGN.md §3.2)."""
-    return hashlib.md5(f"{tiling_repr}|{workspace}|{block_dim}".encode()).hexdigest()
-
-
-def _tiling(f: Fields) -> tuple[str, str, int, int]:
-    key = f.str("kernel_key", pattern=_MD5_RE, what="32 lowercase hex digits")
-    tiling = f.get("tiling_repr", lambda v: isinstance(v, str) and bool(v) and "|" not in v and "\n" not in v,
-                   "a non-empty string without '|' or newlines")
-    workspace, block_dim = f.int("workspace", 0, MAX_MEMBER_BYTES), f.int("block_dim", 1, MAX_COUNT)
-    if key != kernel_key_of(tiling, workspace, block_dim):
-        raise field_error(f.path("kernel_key"), f"is {key}, not md5(tiling_repr|workspace|block_dim) = "
-                                                f"{kernel_key_of(tiling, workspace, block_dim)}")
-    return key, tiling, workspace, block_dim
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One tiling candidate of a fused kernel and its PGO median (None: not timed)."""
-
-    index: int
-    kernel_key: str
-    tiling_repr: str
-    workspace: int
-    block_dim: int
-    median_us: float | None
-    failed: bool
-
-    @staticmethod
-    def from_json(d: object, where: str) -> Candidate:
-        f = Fields(d, where)
-        index = f.int("index")
-        return Candidate(index, *_tiling(f), f.number("median_us"), f.bool("failed"))
-
-    def to_json(self) -> dict:
-        return {"index": self.index, "kernel_key": self.kernel_key, "tiling_repr": self.tiling_repr,
-                "workspace": self.workspace, "block_dim": self.block_dim, "median_us": self.median_us,
-                "failed": self.failed}
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """A fused kernel's chosen candidate, its library member, whether PGO reached it, and every
-    candidate in cost-model order."""
-
-    name: str
-    kernel_key: str
-    tiling_repr: str
-    workspace: int
-    block_dim: int
-    file: str
-    visited: bool
-    chosen_index: int
-    candidates: tuple[Candidate, ...]
-    uses: tuple | None = None    # [{"inputs", "outputs"}] per step running this kernel (optional)
-
-    @staticmethod
-    def from_json(d: object, where: str) -> Kernel:
-        f = Fields(d, where)
-        name = f.str("name", nonempty=True)
-        key, tiling, workspace, block_dim = _tiling(f)
-        file, visited, chosen = f.str("file"), f.bool("visited"), f.int("chosen_index")
-        candidates = tuple(Candidate.from_json(v, w) for v, w in f.list("candidates"))
-        for i, c in enumerate(candidates):
-            if c.index != i:
-                raise field_error(f"{where}.candidates[{i}].index", f"is {c.index}, not its position {i}")
-        if chosen >= len(candidates) or candidates[chosen].kernel_key != key:
-            raise field_error(f"{where}.chosen_index", f"is {chosen}, not the index of the candidate with "
-                                                       f"kernel_key {key}")
-        return Kernel(name, key, tiling, workspace, block_dim, file, visited, chosen, candidates, _uses(f, where))
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "kernel_key": self.kernel_key, "tiling_repr": self.tiling_repr,
-                "workspace": self.workspace, "block_dim": self.block_dim, "file": self.file,
-                "visited": self.visited, "chosen_index": self.chosen_index,
-                "candidates": [c.to_json() for c in self.candidates],
-                **({"uses": [dict(u) for u in self.uses]} if self.uses is not None else {})}
-
-
-def _uses(f: Fields, where: str) -> tuple | None:
-    """``kernels[i].uses``: the value names each step running the kernel reads and writes."""
-    if "uses" not in f.d:
-        return None
-    uses = []
-    for u, w in f.list("uses"):
-        g = Fields(u, w)
-        uses.append(MappingProxyType({"inputs": list(g.strs("inputs")), "outputs": list(g.strs("outputs"))}))
-    return tuple(uses)
-
-
 @dataclass(frozen=True)
 class Member:
     """A member's size and sha256 (hex)."""
@@ -395,6 +305,7 @@ class Manifest:
     tactics: tuple[TacticStep, ...] | None = None   # the tactic steps (optional: absent before tactics)
     call_threads: CallThreads | None = None   # the tuned thread cap of a call (optional: absent before it)
     dynamic: Dynamic | None = None    # version 2: the dynamic dims and the plans (manifest_dynamic)
+    precision: Precision | None = None   # low precision under an accuracy budget (optional: --precision)
 
     def __post_init__(self):
         # a read-only view: the manifest is frozen all the way down (members are looked up by name)
@@ -436,6 +347,7 @@ class Manifest:
             tactics=tuple(TacticStep.from_json(v, w) for v, w in f.list("tactics")) if "tactics" in d else None,
             call_threads=CallThreads.from_json(d["call_threads"]) if "call_threads" in d else None,
             dynamic=dynamic,
+            precision=Precision.from_json(d["precision"]) if "precision" in d else None,
         )
         m.validate()
         return m
@@ -467,6 +379,11 @@ class Manifest:
         self._check_version()
         self._check_io()
         self._check_weights()
+        if self.precision is not None:
+            missing = sorted(set(self.precision.requires) - set(self.target.isa))
+            if missing:
+                raise field_error("precision.requires", f"lists {missing}, which target.isa does not: the runtime "
+                                  "would not refuse a host without them")
         if self.out_tree is not None and count_leaves(self.out_tree) != len(self.outputs):
             raise field_error("out_tree", f"holds {count_leaves(self.out_tree)} tensors but 'outputs' lists "
                                           f"{len(self.outputs)}")
@@ -573,6 +490,7 @@ class Manifest:
             **({"dynamic": self.dynamic.to_json()} if self.dynamic is not None else {}),
             **({"tactics": [t.to_json() for t in self.tactics]} if self.tactics is not None else {}),
             **({"call_threads": self.call_threads.to_json()} if self.call_threads is not None else {}),
+            **({"precision": self.precision.to_json()} if self.precision is not None else {}),
             "members": {name: info.to_json() for name, info in self.members.items()},
         }
 

@@ -19,7 +19,8 @@ _MD5_RE = re.compile(r"[0-9a-f]{32}")
 class TacticCandidate:
     """One candidate of a tactic step: its ``key`` (md5 of the tactic's JSON), its name
     (``aten``, ``onednn``, ``flash``...), its PGO median (None: not timed), whether it failed and
-    whether verification disqualified it."""
+    whether verification disqualified it, and the ``precision`` its heavy op computes in (``fp32``:
+    the model's own dtype; ``bf16``; absent in older bundles and for ``fp32``)."""
 
     index: int
     key: str
@@ -27,17 +28,22 @@ class TacticCandidate:
     median_us: float | None
     failed: bool
     disqualified: bool
+    precision: str = "fp32"
 
     @staticmethod
     def from_json(d: object, where: str) -> TacticCandidate:
         f = Fields(d, where)
+        precision = f.get("precision", lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}", optional=True)
         return TacticCandidate(f.int("index"), f.str("key", pattern=_MD5_RE, what="32 lowercase hex digits"),
                                f.str("name", nonempty=True), f.number("median_us"), f.bool("failed"),
-                               f.bool("disqualified"))
+                               f.bool("disqualified"), precision or "fp32")
 
     def to_json(self) -> dict:
-        return {"index": self.index, "key": self.key, "name": self.name, "median_us": self.median_us,
-                "failed": self.failed, "disqualified": self.disqualified}
+        d = {"index": self.index, "key": self.key, "name": self.name, "median_us": self.median_us,
+             "failed": self.failed, "disqualified": self.disqualified}
+        if self.precision != "fp32":
+            d["precision"] = self.precision
+        return d
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,51 @@ class TacticStep:
         return {"name": self.name, "kind": self.kind, "chosen_index": self.chosen_index,
                 "chosen_key": self.chosen_key, "visited": self.visited,
                 "candidates": [c.to_json() for c in self.candidates], "uses": [dict(u) for u in self.uses]}
+
+
+PRECISIONS = ("fp32", "bf16", "int8")
+"""What a tactic candidate may compute in (``fp32``: the model's own dtype)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """``precision``: how the build chose low precision (``--precision``; absent: the model's own
+    precision everywhere). ``requested`` (``bf16``, ``auto``...), ``budget`` (the largest relative
+    output error allowed, by ``metric``: ``relative_l2`` = the worst output's ``||y - y_ref|| /
+    ||y_ref||`` over the calibration input sets), ``error`` (what the chosen steps cost there,
+    <= budget), ``computes`` (``fp32`` or the low precisions used, e.g. ``bf16``), ``requires``
+    (CPU features those steps need; also in ``target.isa``, which the runtime checks) and
+    ``input_sets`` (how many calibration sets measured it). ``build`` and ``run --check`` compare
+    the bundle with eager by this budget instead of the float32 accuracy rule when
+    ``computes`` is not ``fp32``."""
+
+    requested: str
+    budget: float
+    metric: str
+    error: float
+    computes: str
+    requires: tuple[str, ...] = ()
+    input_sets: int = 0
+
+    @staticmethod
+    def from_json(d: object, where: str = "precision") -> Precision:
+        f = Fields(d, where)
+        budget = f.get("budget", lambda v: type(v) in (int, float) and 0 < v < 1, "a number in (0, 1)")
+        metric = f.get("metric", lambda v: v == "relative_l2", "'relative_l2'")
+        error = f.number("error")
+        computes = f.get("computes", lambda v: isinstance(v, str) and all(p in PRECISIONS for p in v.split("+")),
+                         f"'+'-joined names of {', '.join(PRECISIONS)}")
+        return Precision(f.str("requested", nonempty=True), float(budget), metric, float(error or 0.0), computes,
+                         f.strs("requires"), f.int("input_sets"))
+
+    def to_json(self) -> dict:
+        return {"requested": self.requested, "budget": self.budget, "metric": self.metric, "error": self.error,
+                "computes": self.computes, "requires": list(self.requires), "input_sets": self.input_sets}
+
+    @property
+    def low(self) -> bool:
+        """Whether some step computes in a precision below the model's own."""
+        return self.computes != "fp32"
 
 
 @dataclass(frozen=True)
@@ -141,4 +192,4 @@ class CallThreads:
         return f"{chosen}; median call on the {host}build host: {timed}; load(threads=N) overrides"
 
 
-__all__ = ["TacticCandidate", "TacticStep", "CallThreads"]
+__all__ = ["TacticCandidate", "TacticStep", "CallThreads", "Precision", "PRECISIONS"]

@@ -81,6 +81,7 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
             lines.append(f"    {mark} #{c.index} {timing:>12}  block_dim {c.block_dim}  {c.tiling_repr}")
     if m.dynamic is None:
         lines += _tactic_lines(m.tactics, m.graph)
+        lines += _precision_lines(m)
     lines.append(f"members  {len(m.members)} files, {_fmt_bytes(m.declared_bytes)} uncompressed")
     for name, info in m.members.items():
         lines.append(f"  {name}  {_fmt_bytes(info.size)}  sha256 {info.sha256[:16]}...")
@@ -121,6 +122,23 @@ def _dynamic_lines(m: Manifest) -> list[str]:
     return lines
 
 
+def _precision_lines(m) -> list[str]:
+    """The manifest's precision record: requested, computed, each step's precision, the error
+    against its budget and the CPU features it needs (empty without ``--precision``)."""
+    if m.precision is None:
+        return []
+    p = m.precision
+    steps = {}
+    for t in m.tactics or ():
+        for u in t.uses or ({"chosen_index": t.chosen_index},):
+            prec = t.candidates[u["chosen_index"]].precision
+            steps[prec] = steps.get(prec, 0) + 1
+    per = ", ".join(f"{k} x{n}" for k, n in sorted(steps.items()))
+    return [f"precision {p.requested} requested; computes {p.computes} (steps: {per or '-'}); error "
+            f"{p.error:.3g} <= budget {p.budget:g} ({p.metric} on {p.input_sets} calibration input set(s))"
+            + (f"; needs CPU features {', '.join(p.requires)}" if p.requires else "")]
+
+
 def _tactic_lines(tactics, graph) -> list[str]:
     """The tactic steps (every candidate's median, the chosen one per use) and the ATen
     operators that run as plain calls, with counts."""
@@ -139,12 +157,13 @@ def _tactic_lines(tactics, graph) -> list[str]:
             tag = "visited" if t.visited else "not visited (candidate 0 kept)"
             uses = f" x{len(t.uses)}" if len(t.uses) > 1 else ""
             lines.append(f"  {t.name}{uses}  {t.kind}, chosen "
-                         + ", ".join(f"#{i} {t.candidates[i].name}" for i in picks) + f"  [{tag}]")
+                         + ", ".join(f"#{i} {t.candidates[i].name} ({t.candidates[i].precision})" for i in picks)
+                         + f"  [{tag}]")
             for c in t.candidates:
                 mark = "*" if c.index in picks else " "
                 timing = ("disqualified" if c.disqualified else "failed") if c.failed else \
                     ("not timed" if c.median_us is None else f"{c.median_us:.1f} us")
-                lines.append(f"    {mark} #{c.index} {timing:>12}  {c.name}  key {c.key}")
+                lines.append(f"    {mark} #{c.index} {timing:>12}  {c.name}  {c.precision}  key {c.key}")
     ops = graph.aten_ops
     if ops is not None:
         listed = ", ".join(f"{op.removeprefix('aten.')} x{n}" for op, n in ops.items())
@@ -293,6 +312,7 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
                  ", ".join(f"{k} {v:.3f} ms" for k, v in pct.items()) +
                  f", min {times[0]:.3f} ms, max {times[-1]:.3f} ms")
     names = [s.name for s in model.output_specs]
+    model_manifest = model.contract
     step_profile = None
     if profile:
         from .step_profile import profile_steps
@@ -308,8 +328,11 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
     if reference is not None:
         from .eager import compare_with_eager
 
-        checks, problem = compare_with_eager(reference, inputs, flat, names, rtol=rtol, atol=atol)
-        lines.append(f"check against {check} (eager, same inputs):")
+        budget = _budget(model_manifest, rtol, atol)
+        checks, problem = compare_with_eager(reference, inputs, flat, names, rtol=rtol, atol=atol, budget=budget)
+        lines.append(f"check against {check} (eager, same inputs)" + (
+            f", by the accuracy budget {budget:g} the bundle was built with ({model_manifest.precision.computes} "
+            "steps; relative error of every output):" if budget is not None else ":"))
         lines += [f"  {c.describe()}" for c in checks]
         bad = sum(not c.ok for c in checks)
         lines.append("check: OK" if problem is None else
@@ -319,6 +342,15 @@ def run_bundle(path: Path | str, *, inputs_file: str | None = None, repeat: int 
         results["check"] = [{"name": c.name, "max_error": c.max_error, "allowed": c.allowed, "ok": c.ok}
                             for c in checks]
     return lines, rc, results
+
+
+def _budget(manifest, rtol, atol) -> float | None:
+    """The precision budget ``run --check`` compares by: the manifest's, for a bundle with
+    low-precision steps, unless ``--rtol/--atol`` ask for the accuracy rule."""
+    record = getattr(manifest, "precision", None)
+    if record is None or not record.low or rtol is not None or atol is not None:
+        return None
+    return record.budget
 
 
 def _numpy(what: str):

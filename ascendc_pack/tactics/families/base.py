@@ -58,6 +58,7 @@ class KernelTactic:
     so_path: str
     rank: int
     extra: Mapping = field(default_factory=dict, compare=False)
+    est_us: float | None = field(default=None, compare=False)   # the family's cost model (not in the JSON)
 
     @property
     def impl(self) -> KernelFamily:
@@ -197,8 +198,9 @@ def compile_kernel_tactics(plans: dict, steps: dict[str, TacticStep], config,
                 log.info("%s %s candidate #%d did not compile", family, b.spec.name, rank)
                 continue
             extra = fam.extra(step, b.spec, str(cc.so_path), cc.candidate.kernel_key)
+            est = getattr(b.candidates[rank], "est_us", None) if rank < len(b.candidates) else None  # a plugin may have none
             out[name].append(KernelTactic(family, step.tactic_kind, b.spec, cc.candidate, str(cc.so_path), rank,
-                                          extra))
+                                          extra, est))
     return out
 
 

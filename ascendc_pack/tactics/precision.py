@@ -1,0 +1,261 @@
+"""The precision of each heavy step, chosen end to end under an accuracy budget (``--precision``).
+
+PGO (:mod:`ascendc_pack.tactics.tune`) has verified and timed every candidate of every tactic
+step, low-precision ones included (each within its step tolerance, ``lowp.STEP_TOLERANCE``), and
+picked per step the fastest candidate in the model's own precision. This module then decides
+which steps switch to their fastest low-precision candidate, by the error of the **whole model**
+on the calibration inputs (the example inputs and every ``get_calibration_inputs()`` set), not
+step by step:
+
+* **metric** (:func:`model_error`): the largest relative error ``||y - y_ref|| / ||y_ref||``
+  (``ascendc_pack_runtime.accuracy.relative_error``, float64 over every element) of any floating
+  output on any input set, where ``y_ref`` is the model in its own precision (the reference
+  executor) and ``y`` the same run with the switched steps in low precision (the others as their
+  reference: a float32 candidate differs from it by float32 rounding, ~1e-6, three orders below a
+  budget);
+* **gain**: per step name, (its chosen float32 candidate's time - its low-precision candidate's
+  time) x its uses, PGO medians when timed (``--topn`` > 1), the cost model's predictions at
+  ``--topn 1``; only steps that gain, that every run reached (an unreached step's error is not on
+  the calibration inputs) and, for a convolution, whose chain runs channels_last (the
+  low-precision convolutions return channels_last) are candidates;
+* **search** (:func:`choose`): the steps in order of gain; all of them first (one evaluation); if
+  that is over the budget, a bisection for the longest prefix of the order within the budget
+  (errors grow with the steps switched, so the prefix is monotone in practice; every accepted
+  assignment is measured, never assumed), then each remaining step alone on top of it, in gain
+  order, kept when the error stays within the budget (falling back step by step), at most
+  :data:`MAX_EVALUATIONS` model runs per input set in all. The final assignment's error is the
+  measured one, reported next to the budget; none fitting leaves the float32 bundle, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from ascendc_pack_runtime.accuracy import relative_error
+
+import ascendc_pack.tactics.dispatch as T
+from ascendc_pack.frontend.executor import run_model, run_reference_tactic
+from ascendc_pack.tactics.dispatch.dispatcher import bind, execute
+from ascendc_pack.tactics.dispatch.lowp import NATIVE, bf16_feature, precision_of
+from ascendc_pack.tactics.rewrite import in_layout_chain
+
+log = logging.getLogger("ascendc_pack")
+
+METRIC = "relative_l2"
+"""The budget's metric: max over outputs and calibration input sets of ``||y - y_ref|| / ||y_ref||``."""
+MAX_EVALUATIONS = 24
+"""Model runs (per input set) the search may spend beyond the first one."""
+
+
+@dataclass
+class PrecisionReport:
+    """What the search did: ``requested`` (``--precision``), ``budget`` (relative error, metric
+    :data:`METRIC`), ``offered`` (the low precisions with candidates on this host) and
+    ``not_offered`` (why one was not), ``error`` (the final assignment's measured error on the
+    ``input_sets`` calibration sets), ``steps`` (step name -> precision, every tactic step),
+    ``evaluations`` (model runs per input set), ``considered`` (steps that could switch) and
+    ``note`` (one line for the summary: why the bundle stayed float32, when it did)."""
+
+    requested: str
+    budget: float
+    offered: tuple[str, ...]
+    not_offered: str | None
+    error: float = 0.0
+    steps: dict[str, str] = field(default_factory=dict)
+    evaluations: int = 0
+    considered: int = 0
+    input_sets: int = 0
+    note: str | None = None
+
+    @property
+    def computes(self) -> str:
+        """``fp32`` or the low precisions the bundle uses (``bf16``)."""
+        lows = sorted({p for p in self.steps.values() if p != NATIVE})
+        return "+".join(lows) if lows else NATIVE
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """CPU features the chosen low-precision steps need on the host (``avx512_bf16``...)."""
+        if "bf16" not in self.steps.values():
+            return ()
+        from ascendc_pack.toolchain.compiler import host_cpu_flags
+
+        feat = bf16_feature(set(host_cpu_flags()))
+        return (feat,) if feat else ()
+
+    def describe(self) -> str:
+        """One paragraph for the build summary: the request, the choice, the error next to the budget."""
+        low = sum(p != NATIVE for p in self.steps.values())
+        head = (f"precision: {self.requested} requested, accuracy budget {self.budget:g} ({METRIC}: the worst "
+                f"output's ||y - y_fp32|| / ||y_fp32|| over {self.input_sets} calibration input set(s))")
+        if self.not_offered:
+            head += f"; not offered: {self.not_offered}"
+        if low:
+            body = (f"{low} of {len(self.steps)} tactic steps run in {self.computes}; error {self.error:.3g} <= budget "
+                    f"{self.budget:g} ({self.evaluations} model evaluations)")
+        else:
+            body = f"every step stays float32: {self.note or 'no low-precision step was chosen'}"
+        return head + "\n" + body
+
+    def to_json(self) -> dict:
+        return {"requested": self.requested, "budget": self.budget, "metric": METRIC, "offered": list(self.offered),
+                "not_offered": self.not_offered, "error": self.error, "computes": self.computes,
+                "requires": list(self.requires), "evaluations": self.evaluations, "considered": self.considered,
+                "input_sets": self.input_sets, "note": self.note, "steps": dict(self.steps)}
+
+
+class _Evaluator:
+    """Runs the model with a set of steps switched to a low-precision candidate and measures
+    :data:`METRIC` against the model in its own precision."""
+
+    def __init__(self, tuner, input_sets: list):
+        self.tuner = tuner
+        self.input_sets = [tuple(t.clone() for t in ins) for ins in input_sets]
+        self.refs = [self._outputs(ins, {}) for ins in self.input_sets]
+        self.prepared: dict = {}
+        self.memo: dict = {}
+        self.runs = 0
+
+    def _outputs(self, inputs, switch: dict[str, int]) -> list[torch.Tensor]:
+        from torch.utils import _pytree as pytree
+
+        run = (lambda s, env: self._run(s, env, switch)) if switch else None
+        out = run_model(self.tuner.model, self.tuner.weights, [t.clone() for t in inputs], run_tactic=run)
+        return [t for t in pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+    def _run(self, step, env: dict, switch: dict[str, int]) -> torch.Tensor:
+        from ascendc_pack.tactics.tune import _arrival, _shaped
+
+        i = switch.get(step.name)
+        if i is None:
+            return run_reference_tactic(step, env)
+        ch = self.tuner.choices[step.name]
+        tactic = ch.candidates[i]
+        named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
+        weights, acts = T.split(named)
+        key = (id(step), i)
+        if key not in self.prepared:
+            self.prepared[key] = (T.prepare(tactic, weights), bind(tactic.calls))
+        prepared, calls = self.prepared[key]
+        with torch.no_grad():
+            got = execute(calls, {**prepared, **_arrival(tactic, step.desc, acts)})[tactic.output]
+        spec = self.tuner.programs[id(step)].values[step.outputs[0]]
+        out = got.reshape(spec.shape)
+        if spec.stride is not None and tuple(out.stride()) != tuple(spec.stride):
+            # the ATen steps after it read the captured layout (a channels_last result, relaid once)
+            out = torch.empty_strided(spec.shape, spec.stride, dtype=out.dtype).copy_(out)
+        return out
+
+    def error(self, switch: dict[str, int]) -> float:
+        """The worst relative error of any floating output on any input set (each assignment is
+        run once)."""
+        key = frozenset(switch.items())
+        if key in self.memo:
+            return self.memo[key]
+        self.runs += 1
+        worst = 0.0
+        for ins, refs in zip(self.input_sets, self.refs):
+            outs = self._outputs(ins, switch)
+            for r, o in zip(refs, outs):
+                if r.is_floating_point():
+                    worst = max(worst, relative_error(r, o))
+        self.memo[key] = worst
+        return worst
+
+
+def _time(ch, i: int) -> float | None:
+    """A candidate's PGO median, else the cost model's prediction (``--topn 1``)."""
+    r = ch.results[i]
+    if r.median_us is not None:
+        return r.median_us
+    return ch.predicted_us[i] if i < len(ch.predicted_us) else None
+
+
+def candidates(tuner, decisions: dict[int, int]) -> list[tuple[float, str, int]]:
+    """``[(gain µs, step name, low-precision candidate index), ...]`` by gain, largest first."""
+    by_name: dict[str, list] = {}
+    for s in tuner.instances:
+        by_name.setdefault(s.name, []).append(s)
+    out = []
+    for name, uses in by_name.items():
+        ch = tuner.choices[name]
+        if not ch.low or not all(id(s) in tuner.reached for s in uses):
+            continue
+        natives = [decisions[id(s)] for s in uses]
+        if ch.kind == "conv" and not all(in_layout_chain(ch.candidates[i]) for i in natives):
+            continue  # a chain planned NCHW: the low-precision convolutions return channels_last
+        options = [(t, i) for i in ch.low.values() if (t := _time(ch, i)) is not None]
+        native_t = [_time(ch, i) for i in natives]
+        if not options or any(t is None for t in native_t):
+            continue
+        t_low, i_low = min(options)
+        gain = sum(native_t) - t_low * len(uses)
+        if gain > 0:
+            out.append((gain, name, i_low))
+    return sorted(out, key=lambda g: (-g[0], g[1]))
+
+
+def choose(tuner, decisions: dict[int, int], input_sets: list, requested: str, budget: float) -> PrecisionReport:
+    """Switch steps to their low-precision candidate under ``budget`` (module docstring); updates
+    ``decisions`` (candidate index by ``id(step)``) in place and returns the report."""
+    report = PrecisionReport(requested, budget, tuple(tuner.offered), tuner.not_offered,
+                             steps={name: precision_of(ch.candidates[ch.chosen_index]) for name, ch in
+                                    tuner.choices.items()}, input_sets=len(input_sets))
+    if not tuner.offered:
+        report.note = "this host offers no low precision" + (f" ({tuner.not_offered})" if tuner.not_offered else "")
+        return report
+    order = candidates(tuner, decisions)
+    report.considered = len(order)
+    if not order:
+        report.note = "no step has a low-precision candidate that verified and is faster here"
+        return report
+    if not input_sets:
+        report.note = "no calibration inputs to measure the error on"
+        return report
+    ev = _Evaluator(tuner, input_sets)
+    switch_of = lambda items: {name: i for _, name, i in items}  # noqa: E731
+    accepted: list = []
+    err = ev.error(switch_of(order))
+    if err <= budget:
+        accepted, final = list(order), err
+    else:
+        lo, hi, final = 0, len(order) - 1, 0.0   # the longest prefix within the budget: in [lo, hi]
+        while lo < hi and ev.runs <= MAX_EVALUATIONS:
+            mid = (lo + hi + 1) // 2
+            e = ev.error(switch_of(order[:mid]))
+            if e <= budget:
+                lo, final = mid, e
+            else:
+                hi = mid - 1
+        accepted = list(order[:lo])
+        for item in order[lo:]:   # fall back step by step: each remaining step alone on top
+            if ev.runs > MAX_EVALUATIONS:
+                break
+            e = ev.error(switch_of(accepted + [item]))
+            if e <= budget:
+                accepted.append(item)
+                final = e
+        if accepted and final == 0.0:
+            final = ev.error(switch_of(accepted))
+    report.evaluations = ev.runs
+    if not accepted:
+        report.note = (f"the budget {budget:g} is too tight for any low-precision step: no step tried stays within "
+                       f"it (all {len(order)} together cost {err:.3g})")
+        log.info("precision: %s", report.note)
+        return report
+    switch = switch_of(accepted)
+    for s in tuner.instances:
+        if s.name in switch:
+            decisions[id(s)] = switch[s.name]
+    report.error = final
+    for name, i in switch.items():
+        report.steps[name] = precision_of(tuner.choices[name].candidates[i])
+    log.info("precision: %d steps in low precision, error %.3g <= budget %g (%d evaluations)", len(accepted), final,
+             budget, ev.runs)
+    return report
+
+
+__all__ = ["METRIC", "MAX_EVALUATIONS", "PrecisionReport", "candidates", "choose"]
