@@ -122,6 +122,7 @@ def test_capture_check_tolerates_rounding_but_not_errors():
 
     class Loaded:  # the parts of LoadedModel check_reference reads
         module = m
+        example_inputs = (x,)
         all_input_sets = [(x,)]
 
     assert check_reference(Loaded, cap)[0].startswith("reference executor matches eager on example inputs")
