@@ -39,8 +39,16 @@ SLOW_MODULES = {
 builds, servers, C++ programs. Measured with ``pytest --durations=0``; keep the subset under 3 minutes."""
 
 
+SPREAD_MODULES = {"test_kernel_parity", "test_npu_parity", "test_dwconv", "test_directconv"}
+"""Modules of independent parametrized cases that the two xdist workers share test by test (every
+other module runs whole on one worker: its module fixtures, caches and servers are built once)."""
+
+
 def pytest_collection_modifyitems(items):
-    """Mark every test of :data:`SLOW_MODULES` ``slow``."""
+    """Mark every test of :data:`SLOW_MODULES` ``slow``; keep each module but the
+    :data:`SPREAD_MODULES` on one xdist worker (``--dist loadgroup``)."""
     for item in items:
         if item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if item.path.stem not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
