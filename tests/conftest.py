@@ -39,16 +39,19 @@ SLOW_MODULES = {
 builds, servers, C++ programs. Measured with ``pytest --durations=0``; keep the subset under 3 minutes."""
 
 
-SPREAD_MODULES = {"test_kernel_parity", "test_npu_parity", "test_dwconv", "test_directconv"}
-"""Modules of independent parametrized cases that the two xdist workers share test by test (every
-other module runs whole on one worker: its module fixtures, caches and servers are built once)."""
+LONGEST_FIRST = ("test_kernel_parity", "test_npu_parity", "test_bench", "test_precision", "test_dynamic_shapes",
+                 "test_tactic_pipeline", "test_tune", "test_triton_server", "test_serve_batching", "test_dwconv",
+                 "test_serve", "test_conv_kernels", "test_trust_gaps", "test_warm_rebuild", "test_capture_cache")
+"""The modules that take longest (``--durations``), run first: with ``-n 2 --dist loadfile
+--no-loadscope-reorder`` (pyproject) each worker takes whole modules in collection order, and a
+long module collected last would run alone at the end while the other worker idles (xdist's own
+reorder, by number of tests, put the 10 slow tests of test_tune last)."""
 
 
 def pytest_collection_modifyitems(items):
-    """Mark every test of :data:`SLOW_MODULES` ``slow``; keep each module but the
-    :data:`SPREAD_MODULES` on one xdist worker (``--dist loadgroup``)."""
+    """Mark every test of :data:`SLOW_MODULES` ``slow``; collect :data:`LONGEST_FIRST` first."""
     for item in items:
         if item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if item.path.stem not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the order within a module holds
