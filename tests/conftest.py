@@ -39,19 +39,8 @@ SLOW_MODULES = {
 builds, servers, C++ programs. Measured with ``pytest --durations=0``; keep the subset under 3 minutes."""
 
 
-LONGEST_FIRST = ("test_kernel_parity", "test_npu_parity", "test_bench", "test_precision", "test_dynamic_shapes",
-                 "test_tactic_pipeline", "test_tune", "test_triton_server", "test_serve_batching", "test_dwconv",
-                 "test_serve", "test_conv_kernels", "test_trust_gaps", "test_warm_rebuild", "test_capture_cache")
-"""The modules that take longest (``--durations``), run first: with ``-n 2 --dist loadfile
---no-loadscope-reorder`` (pyproject) each worker takes whole modules in collection order, and a
-long module collected last would run alone at the end while the other worker idles (xdist's own
-reorder, by number of tests, put the 10 slow tests of test_tune last)."""
-
-
 def pytest_collection_modifyitems(items):
-    """Mark every test of :data:`SLOW_MODULES` ``slow``; collect :data:`LONGEST_FIRST` first."""
+    """Mark every test of :data:`SLOW_MODULES` ``slow``."""
     for item in items:
         if item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the order within a module holds
