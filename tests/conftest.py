@@ -35,8 +35,8 @@ SLOW_MODULES = {
     "test_dynamo_examples", "test_runtime_wheel", "test_dynamic_shapes", "test_precision",
 }
 """Modules of the whole suite left out of the quick subset (``pytest -m "not slow"``, README: about
-2 minutes on 2 cores against about 42 for everything on the Zen 3 CI host): parity through every candidate, end-to-end
-builds, servers, C++ programs. Measured with ``pytest --durations=0``; keep the subset under 3 minutes."""
+3.5 minutes on two workers against 16 for everything): parity through every candidate, end-to-end
+builds, servers, C++ programs. Measured with ``pytest --durations=0``; keep the subset near 3 minutes."""
 
 
 def pytest_collection_modifyitems(items):
