@@ -140,13 +140,7 @@ class Server:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, signal.SIGTERM, timeout=20)
         self._log_file.close()
         return self.proc.returncode
 
@@ -155,6 +149,17 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:
+    """Send ``sig`` to a running server process and wait up to ``timeout`` s; then kill it."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def raw_request(srv: Server, method: str, path: str, body: bytes = b"", headers: dict | None = None,

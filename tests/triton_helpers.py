@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .serve_helpers import free_port, wait_http_ready
+from .serve_helpers import free_port, stop_process, wait_http_ready
 
 
 def triton_unavailable(backend_dir: Path) -> str | None:
@@ -77,13 +77,7 @@ class TritonServer:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)   # tritonserver's graceful stop
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, signal.SIGINT, timeout=30)   # SIGINT: tritonserver's graceful stop
         self._log_file.close()
         return self.proc.returncode
 
