@@ -88,7 +88,8 @@ class BuildConfig:
     ``backend``: the target device's backend (:mod:`ascendc_pack.backends.registry`; only ``cpu`` today);
     ``precision``: None (the model's own dtype) or one of :data:`PRECISIONS`; ``accuracy_budget``:
     the largest relative output error a low precision may cost (:data:`DEFAULT_ACCURACY_BUDGET` when
-    a low precision is asked for without one).
+    a low precision is asked for without one); ``flush_denormals``: the bundle's calls flush
+    denormal floats to zero (cpu backend; docs/PRECISION.md "Denormals").
     """
 
     topn: int = 1
@@ -100,6 +101,7 @@ class BuildConfig:
     backend: str = DEFAULT_BACKEND
     precision: str | None = None
     accuracy_budget: float | None = None
+    flush_denormals: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
@@ -114,11 +116,16 @@ class BuildConfig:
         _check_precision(self.precision, self.accuracy_budget, "precision", "accuracy_budget")
         if self.low_precision and self.accuracy_budget is None:
             object.__setattr__(self, "accuracy_budget", DEFAULT_ACCURACY_BUDGET)
+        if not isinstance(self.flush_denormals, bool):
+            raise ConfigError(f"flush_denormals must be True or False, got: {self.flush_denormals!r}")
+        if self.flush_denormals and self.backend != "cpu":
+            raise ConfigError(f"--flush-denormals applies to the cpu backend (it sets the host CPU's floating-point "
+                              f"mode for each call), got --backend {self.backend}: drop --flush-denormals")
 
     @classmethod
     def resolve(cls, topn: Any = None, cache_dir: Any = None, jobs: Any = None, debug: bool | None = None,
                 cores: Any = None, march: str | None = None, backend: str | None = None,
-                precision: str | None = None, accuracy_budget: Any = None,
+                precision: str | None = None, accuracy_budget: Any = None, flush_denormals: bool = False,
                 env: Mapping[str, str] = os.environ) -> BuildConfig:
         """Combine explicit values (CLI/API, ``None`` = not given), ``env`` and the defaults.
 
@@ -136,6 +143,7 @@ class BuildConfig:
             backend=DEFAULT_BACKEND if backend is None else check_backend_name(backend, "--backend"),
             precision=precision,
             accuracy_budget=_check_precision(precision, accuracy_budget, "--precision", "--accuracy-budget"),
+            flush_denormals=flush_denormals,
         )
 
     @property
@@ -157,7 +165,8 @@ class BuildConfig:
         """Plain-data form (for logs and the manifest)."""
         return {"topn": self.topn, "cache_dir": str(self.cache_dir), "jobs": self.jobs,
                 "debug": self.debug, "cores": self.cores, "march": self.march, "backend": self.backend,
-                "precision": self.precision, "accuracy_budget": self.accuracy_budget}
+                "precision": self.precision, "accuracy_budget": self.accuracy_budget,
+                "flush_denormals": self.flush_denormals}
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -39,7 +39,7 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
                   march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
                   protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
                   output_names: list[str] | None = None, tactics: bool = True,
-                  generic_gemm: str = "onednn") -> BuildResult:
+                  generic_gemm: str = "onednn", flush_denormals: bool = False) -> BuildResult:
     """Build a dynamic-shape bundle of ``model`` (see the module docstring).
 
     ``input_sets``: the example inputs then every calibration set, at one or more shapes inside
@@ -58,7 +58,7 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
     from ascendc_pack.tune.python_mode import inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
-                                 backend=backend)
+                                 backend=backend, flush_denormals=flush_denormals)
     input_sets = [tuple(t.contiguous() for t in inputs) for inputs in input_sets]  # every plan takes them dense
     if not isinstance(decl, DynamicShapes):
         names = forward_input_names(model, len(input_sets[0]))

@@ -288,7 +288,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
           march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
           protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
           output_names: list[str] | None = None, tactics: bool = True, precision: str | None = None,
-          accuracy_budget: float | None = None) -> BuildResult:
+          accuracy_budget: float | None = None, flush_denormals: bool = False) -> BuildResult:
     """Build a tuned ``.ascpack`` bundle of ``model`` (the whole pipeline, docs/DESIGN.md §2).
 
     PGO runs the Python-mode module on the example inputs and on every calibration input set;
@@ -309,7 +309,9 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     ``precision`` (``fp32`` / None: the model's own dtype; ``bf16``, ``auto``) offers low-precision
     candidates of the heavy steps, chosen per step under ``accuracy_budget`` (the largest relative
     output error on the example and calibration inputs, default 1e-2; docs/PRECISION.md); the
-    bundle's verification then compares by that budget.
+    bundle's verification then compares by that budget. ``flush_denormals``: every call of the
+    bundle flushes denormal floats to zero (much faster where a model makes them, e.g. a masked
+    softmax; docs/PRECISION.md "Denormals"); recorded in the manifest.
 
     Returns:
         A :class:`BuildResult`; ``output`` is the bundle path.
@@ -321,7 +323,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     from ascendc_pack.tune.python_mode import inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
-                                 backend=backend, precision=precision, accuracy_budget=accuracy_budget)
+                                 backend=backend, precision=precision, accuracy_budget=accuracy_budget,
+                                 flush_denormals=flush_denormals)
     name = name or type(model).__name__
     progress = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     out = Path(output) if output is not None else Path(f"{name}.ascpack")

@@ -115,8 +115,11 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
 @click.option("--accuracy-budget", default=None, metavar="E",
               help="With --precision bf16/auto: the largest relative output error ||y - y_fp32|| / ||y_fp32|| allowed "
                    "on the example and calibration inputs (default 0.01).")
+@click.option("--flush-denormals", is_flag=True, default=False,
+              help="Run every call with denormal floats flushed to zero (FTZ/DAZ): much faster where a model makes "
+                   "them, e.g. a masked softmax; results differ only where eager computes a denormal (docs/PRECISION.md).")
 def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emulate, cann, debug, verify, atol, rtol,
-          sign_key, dynamic_batch, buckets, precision, accuracy_budget):
+          sign_key, dynamic_batch, buckets, precision, accuracy_budget, flush_denormals):
     """Capture, fuse, tune and package MODEL_FILE into one .ascpack bundle.
 
     Every stage reports progress on stderr (bars on a terminal, plain lines otherwise); Ctrl-C
@@ -137,14 +140,15 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
             os.environ["ASCENDC_PACK_NPU_CANN"] = check_cann(cann)
         if backend is not None:
             get_backend(check_backend_name(backend, "--backend"))  # fails now, before the model is loaded
-        if precision is not None or accuracy_budget is not None:  # bad values fail now, before the model is loaded
-            from ascendc_pack.config import BuildConfig
+        if precision is not None or accuracy_budget is not None or flush_denormals:  # bad values fail now,
+            from ascendc_pack.config import BuildConfig                                  # before the model is loaded
 
-            BuildConfig.resolve(precision=precision, accuracy_budget=accuracy_budget, cache_dir=cache_dir)
+            BuildConfig.resolve(precision=precision, accuracy_budget=accuracy_budget, cache_dir=cache_dir,
+                                backend=backend, flush_denormals=flush_denormals)
         result = build_file(model_file, topn=topn, output=output, cores=cores, cache_dir=cache_dir,
                             jobs=jobs, march=march, debug=debug, backend=backend, progress=True,
                             verify=verify, atol=atol, rtol=rtol, dynamic_batch=dynamic_batch, buckets=buckets,
-                            precision=precision, accuracy_budget=accuracy_budget)
+                            precision=precision, accuracy_budget=accuracy_budget, flush_denormals=flush_denormals)
     except PackError as exc:
         _fail(exc)
         return

@@ -51,10 +51,12 @@ class GraphSource:
     signature: str            # JSON baked into graph.so (kernels, io counts), checked at load
     stats: dict               # memory plan and step counts
     aten_ops: dict = field(default_factory=dict)   # plain ATen calls per model call, by operator
+    flush_denormals: bool = False   # every call runs with denormals flushed to zero (fp_mode.h)
 
 
-def render_source(plan: GraphPlan) -> GraphSource:
-    """Render ``plan`` as graph.cpp (the namespace is a hash of the text)."""
+def render_source(plan: GraphPlan, flush_denormals: bool = False) -> GraphSource:
+    """Render ``plan`` as graph.cpp (the namespace is a hash of the text); ``flush_denormals``:
+    its calls flush denormals to zero (``--flush-denormals``)."""
     from ascendc_pack.kernels.fused.codegen import template_env
 
     em = _Emitter(plan)
@@ -93,11 +95,13 @@ def render_source(plan: GraphPlan) -> GraphSource:
         "init": [i.render() for i in em.init], "run": [i.render() for i in run],
         "returns": em.returns(), "n_static": em.n_static, "n_locals": em.n_locals,
         "arena_bytes": mem.arena_bytes, "dynamic": em.sym.tables(plan, t) if plan.dims else None,
+        "flush_denormals": flush_denormals,
     }
     ctx["arrays"] = t.lines
     text = template_env().get_template(GRAPH_TEMPLATE).render(**ctx)
     namespace = "ascpack_" + hashlib.sha256(text.encode()).hexdigest()[:20]
-    return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats, dict(plan.aten_ops or {}))
+    return GraphSource(text.replace("@NAMESPACE@", namespace), namespace, signature, stats, dict(plan.aten_ops or {}),
+                       flush_denormals)
 
 
 # ----------------------------------------------------------------------------- C text

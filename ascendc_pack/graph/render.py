@@ -49,21 +49,22 @@ def weight_layout(t: torch.Tensor) -> tuple[tuple, tuple]:
 
 
 def render_graph(model: ModelProgram, kernels: dict[str, KernelRef],
-                 weight_layouts: dict[str, tuple] | None = None) -> GraphSource:
+                 weight_layouts: dict[str, tuple] | None = None, flush_denormals: bool = False) -> GraphSource:
     """Render the whole fused program as graph.cpp.
 
     ``kernels`` maps every fused kernel name to its chosen library (path relative to the
     bundle root); ``weight_layouts`` maps weight names to the (shape, stride) they are stored
-    with (default: their captured layout). Raises RenderError for a program it cannot express.
+    with (default: their captured layout); ``flush_denormals``: every call flushes denormals to
+    zero (``--flush-denormals``). Raises RenderError for a program it cannot express.
     """
-    return render_source(plan_graph(model, kernels, weight_layouts))
+    return render_source(plan_graph(model, kernels, weight_layouts), flush_denormals)
 
 
 RENDER_CACHE_SUBDIR = Path("ascendc") / "graph_render"
 
 
 def render_graph_cached(model: ModelProgram, kernels: dict[str, KernelRef], weight_layouts: dict[str, tuple],
-                        cache_dir: Path | str) -> GraphSource:
+                        cache_dir: Path | str, flush_denormals: bool = False) -> GraphSource:
     """:func:`render_graph`, reusing the render of the same inputs from
     ``<cache_dir>/ascendc/graph_render/`` (a warm rebuild skips planning, which also spares it
     the import of torch's symbolic-shape machinery some meta kernels pull in).
@@ -73,7 +74,8 @@ def render_graph_cached(model: ModelProgram, kernels: dict[str, KernelRef], weig
     """
     key = stable_hash(_generator_identity(), torch.__version__, model.dumps(),
                       json.dumps([dataclasses.astuple(kernels[k]) for k in sorted(kernels)]),
-                      json.dumps(sorted((k, [list(x) for x in v]) for k, v in (weight_layouts or {}).items())))
+                      json.dumps(sorted((k, [list(x) for x in v]) for k, v in (weight_layouts or {}).items())),
+                      int(flush_denormals))
     path = Path(cache_dir) / RENDER_CACHE_SUBDIR / f"{key[:40]}.json"
     try:
         return GraphSource(**json.loads(path.read_text()))
@@ -82,7 +84,7 @@ def render_graph_cached(model: ModelProgram, kernels: dict[str, KernelRef], weig
     except (OSError, ValueError, TypeError) as exc:
         log.warning("graph render cache entry %s is unusable (%s); rendering again", path, exc)
     with meta_layout_cache(cache_dir):
-        src = render_graph(model, kernels, weight_layouts)
+        src = render_graph(model, kernels, weight_layouts, flush_denormals)
     atomic_write_text(path, json.dumps(dataclasses.asdict(src)))
     return src
 

@@ -325,7 +325,7 @@ def build_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices:
     with tempfile.TemporaryDirectory(prefix=".ascpack-", dir=output.parent) as staging:
         staging = Path(staging)
         blob, weight_entries, layouts = _weights_blob(model, weights)
-        graph_src = render_graph_cached(model, refs, layouts, config.cache_dir)
+        graph_src = render_graph_cached(model, refs, layouts, config.cache_dir, config.flush_denormals)
         graph = compile_graph(graph_src, config, cxx)
         tuning_path = staging / TUNING_FILE
         tuning_path.write_text(_tuning_json(model, choices, names, config, tactics))
@@ -390,10 +390,11 @@ def manifest_common(model: ModelProgram, config: BuildConfig) -> dict:
 
 
 def manifest_graph(library: str, source: str, graph_src: GraphSource, config: BuildConfig) -> contract.Graph:
-    """The manifest entry of a graph.so (member names, namespace, flags, memory report, ATen calls)."""
+    """The manifest entry of a graph.so (member names, namespace, flags, memory report, ATen calls,
+    whether its calls flush denormals)."""
     return contract.Graph(library, source, graph_src.namespace, GRAPH_ABI_VERSION,
                           tuple(f for f in graph_flags(config.march) if not f.startswith("-I")), graph_src.stats,
-                          dict(graph_src.aten_ops))
+                          dict(graph_src.aten_ops), graph_src.flush_denormals)
 
 
 def write_bundle(model: ModelProgram, weights: dict[str, torch.Tensor], choices: dict[str, KernelChoice],

@@ -78,9 +78,9 @@ def build_dynamic_bundle(plans: list[PlanBuild], decl: DynamicShapes, output: Pa
                                                                    plan.jit_dims)
             weight_index, layouts = union.add_weights(model_weights(plan.model, plan.weights))
             if plan.kind == "generic":
-                src = render_source(plan_graph(plan.model, refs, layouts, dims))
+                src = render_source(plan_graph(plan.model, refs, layouts, dims), config.flush_denormals)
             else:
-                src = render_graph_cached(plan.model, refs, layouts, config.cache_dir)
+                src = render_graph_cached(plan.model, refs, layouts, config.cache_dir, config.flush_denormals)
             lib = compile_graph(src, config)
             so, cpp = f"plans/{i}/graph.so", f"plans/{i}/graph.cpp"
             files += [(so, lib.path), (cpp, lib.source_path)]

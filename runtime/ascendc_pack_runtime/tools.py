@@ -90,10 +90,11 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
 
 def _graph_lines(g, head: str) -> list[str]:
     mem = g.memory
+    flush = [f"{head}denormals flushed to zero in every call (built with --flush-denormals)"] if g.flush_denormals else []
     if not mem:
-        return []
+        return flush
     steps = mem.get("steps", {})
-    return [f"{head}arena {_fmt_bytes(mem.get('arena_bytes', 0))} for {mem.get('arena_buffers', 0)} "
+    return flush + [f"{head}arena {_fmt_bytes(mem.get('arena_bytes', 0))} for {mem.get('arena_buffers', 0)} "
             f"buffers (unshared {_fmt_bytes(mem.get('arena_unshared_bytes', 0))}), steps "
             + ", ".join(f"{k} {v}" for k, v in sorted(steps.items() if isinstance(steps, dict) else []))]
 

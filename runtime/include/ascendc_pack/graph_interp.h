@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ascendc_pack/fp_mode.h"
 #include "ascendc_pack/gemm_abi.h"
 #include "ascendc_pack/graph_program.h"
 #include "ascendc_pack/graph_sizes.h"
@@ -436,7 +437,10 @@ int64_t graph_init(std::vector<at::Tensor> weights, std::string root) {
     S.ops.push_back(make_op(G.ops[i].name, G.ops[i].overload, std::move(tmpl)));
   }
   Frame f{S, nullptr, {}};
-  exec(G.init, G.n_init, f);  // planned buffers, tensors that never change, views of them
+  {
+    ascendc_pack::FlushDenormals flush(G.flush_denormals != 0);  // as every call computes
+    exec(G.init, G.n_init, f);  // planned buffers, tensors that never change, views of them
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   int64_t handle = g_next++;
   g_states[handle] = std::move(holder);
@@ -447,6 +451,7 @@ std::vector<at::Tensor> graph_run(int64_t handle, std::vector<at::Tensor> in) {
   auto holder = get_state(handle);
   State& S = *holder;
   std::lock_guard<std::mutex> lock(S.mu);
+  ascendc_pack::FlushDenormals flush(G.flush_denormals != 0);  // this call's fp mode, restored after
   if (S.dynamic) bind_dims(S, in);
   check_tensors(in, G.inputs, G.n_inputs, "input", [&S](const int64_t* p, int32_t n) { return sizes_of(S, p, n); });
   Frame f{S, &in, std::vector<at::Tensor>(G.n_locals)};

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#define AP_GRAPH_PROGRAM_VERSION 2 /* layout of the structs below (2: dynamic dims) */
+#define AP_GRAPH_PROGRAM_VERSION 3 /* layout of the structs below (2: dynamic dims, 3: flush_denormals) */
 
 #if defined(__GNUC__)
 #define AP_GRAPH_HIDDEN __attribute__((visibility("hidden")))
@@ -213,6 +213,8 @@ struct ap_graph {
   int32_t n_exprs;
   const int32_t* expr_offsets; /* n_exprs + 1 */
   const int64_t* expr_code;
+  /* 1: every call runs with denormals flushed to zero (--flush-denormals; fp_mode.h) */
+  int32_t flush_denormals;
 };
 
 /* Defined by graph.cpp, read by the interpreter. */

@@ -44,6 +44,7 @@ int ap_kernel_launch_pool(void *const *inputs, void *const *outputs, void *works
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "ascendc_pack/fp_mode.h"
 
 // Kernel side: body(task, worker) for every task in [0, ntasks) on nt threads, on `pool` when
 // the caller gave one, else an OpenMP team (dynamic schedule, one task at a time); on the calling
@@ -56,7 +57,8 @@ static inline void ap_run_tasks(const ap_pool *pool, int64_t ntasks, int nt, F &
     pool->run(pool, ntasks, nt, [](void *ctx, int64_t t, int32_t w) { (*static_cast<F *>(ctx))(t, w); }, &body);
   } else {
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    ascendc_pack::CallerFpMode caller;  // every thread computes in the caller's fp mode (fp_mode.h)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) firstprivate(caller)
     for (int64_t t = 0; t < ntasks; ++t) body(t, omp_get_thread_num());
 #else
     for (int64_t t = 0; t < ntasks; ++t) body(t, 0);  // built without OpenMP: the calling thread

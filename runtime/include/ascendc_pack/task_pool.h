@@ -11,7 +11,8 @@
 // Workers sleep on a condition variable between jobs (no spinning: on a busy host a spinning
 // thread takes the core from the work that would wake it). One job at a time: a second caller
 // that finds the pool busy (another thread's graph call) runs its tasks on its own thread. After
-// fork() the child has no workers: jobs run on the calling thread.
+// fork() the child has no workers: jobs run on the calling thread. A worker computes a job in
+// its caller's floating-point mode (fp_mode.h: e.g. denormals flushed for the call).
 #ifndef ASCENDC_PACK_TASK_POOL_H_
 #define ASCENDC_PACK_TASK_POOL_H_
 
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ascendc_pack/fp_mode.h"
 #include "ascendc_pack/kernel_pool.h"
 
 namespace ascendc_pack {
@@ -66,6 +68,7 @@ class TaskPool {
       ctx_ = ctx;
       ntasks_ = ntasks;
       threads_ = threads;
+      mode_ = fp_mode();
       done_.store(0, std::memory_order_relaxed);
       next_.store(uint64_t(gen) << 32, std::memory_order_release);
     }
@@ -123,6 +126,7 @@ class TaskPool {
       ap_task_fn fn;
       void* ctx;
       int64_t ntasks;
+      uint64_t mode;
       {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return gen_ != seen; });
@@ -131,7 +135,9 @@ class TaskPool {
         fn = fn_;
         ctx = ctx_;
         ntasks = ntasks_;
+        mode = mode_;
       }
+      adopt_fp_mode(mode);
       work(seen, index, fn, ctx, ntasks);
     }
   }
@@ -146,6 +152,7 @@ class TaskPool {
   void* ctx_ = nullptr;
   int64_t ntasks_ = 0;
   int32_t threads_ = 0;
+  uint64_t mode_ = 0;  // the caller's floating-point mode (fp_mode.h)
   std::atomic<uint64_t> next_{0};  // (generation << 32) | next unclaimed task
   std::atomic<int64_t> done_{0};   // tasks of the current job that have finished
 };
