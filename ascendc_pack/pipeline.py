@@ -114,7 +114,7 @@ class BuildResult:
     tactics: dict = field(default_factory=dict)
     tactics_profiled: int = 0
     tactics_disqualified: int = 0
-    call_threads: object = None   # the manifest's CallThreads record (None: not tuned: --topn 1, 1 core)
+    call_threads: object = None   # the manifest's CallThreads record (None: not timed: 1 core, or --topn 1 with few steps)
     precision: object = None      # the PrecisionReport of --precision (None: the model's own precision)
 
     def summary(self) -> str:
@@ -396,15 +396,17 @@ def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, conf
 
 
 def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, remove_on_error: bool, rewrite):
-    """The ``call_threads`` record of a tuned CPU build on 2+ cores (:mod:`.call_threads`), with
-    the bundle rewritten by ``rewrite(record)``; else None. A bundle that does not load is a
-    VerificationError (and, staged, is deleted)."""
+    """The ``call_threads`` record of a CPU build on 2+ cores, tuned or with many steps
+    (:func:`~ascendc_pack.tune.call_threads.worth_timing`), with the bundle rewritten by
+    ``rewrite(record)``; else None. A bundle that does not load is a VerificationError (and,
+    staged, is deleted)."""
     from ascendc_pack_runtime.errors import BundleError
 
     from ascendc_pack.backends.registry import get_backend
-    from ascendc_pack.tune.call_threads import tune_call_threads
+    from ascendc_pack.tune.call_threads import tune_call_threads, worth_timing
 
-    if config.topn <= 1 or config.effective_cores <= 1 or get_backend(config.backend).name != "cpu":
+    steps = report.graph_source.stats.get("steps", {})
+    if get_backend(config.backend).name != "cpu" or not worth_timing(config.topn, config.effective_cores, steps):
         return None
     with progress.stage("threads", label="tune call threads"):  # the finished bundle, timed per cap
         try:

@@ -163,7 +163,45 @@ def test_a_tuned_build_times_every_cap_records_it_and_the_runtime_applies_it(tmp
     assert len(list((cache / ct.CACHE_SUBDIR).glob("*.json"))) == 1
 
 
-def test_topn_1_builds_record_no_cap(tmp_path):
+@pytest.mark.parametrize("topn, cores, steps, timed", [
+    (2, 2, {}, True),                                         # PGO: always
+    (2, 1, {"tactic": 40}, False),                            # one core: nothing to cap
+    (1, 2, {"fused": 3, "aten_out": 2}, False),               # a small graph at --topn 1: not worth 0.5 s
+    (1, 2, {"tactic": 10, "fused": 4, "aten_out": 2}, True),  # many steps: a wake-up per step adds up
+    (1, 2, {"tactic": 10, "aten_view": 40}, False)])          # views run no parallel region
+def test_topn_1_times_the_caps_only_for_many_steps(topn, cores, steps, timed):
+    assert ct.worth_timing(topn, cores, steps) is timed
+
+
+class Deep(torch.nn.Module):
+    """:data:`~ascendc_pack.tune.call_threads.MANY_STEPS` small GEMMs: a call of many steps."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(ct.MANY_STEPS))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+@pytest.mark.skipif(host_cores() < 2, reason="a cap needs 2+ cores to choose from")
+def test_a_topn_1_build_of_many_steps_times_the_caps(tmp_path):
+    out = tmp_path / "deep.ascpack"
+    x = torch.randn(4, 64)
+    result = build(Deep(), (x,), topn=1, output=out, cache_dir=tmp_path / "cache", cores=2)
+    rec = read_head(out).manifest.call_threads
+    assert rec is not None and rec == result.call_threads
+    assert [t for t, _ in rec.candidates] == [2, 1] and all(us > 0 for _, us in rec.candidates)
+    # the choice rule's cap, or none where another process (a test worker) held a core meanwhile
+    assert rec.cap in (ct.choose(dict(rec.candidates), 2), None)
+    with rt.load(out) as m:
+        torch.testing.assert_close(m(x), Deep()(x))
+
+
+def test_topn_1_builds_of_few_steps_record_no_cap(tmp_path):
     out = tmp_path / "small1.ascpack"
     result = build(Small(), _inputs(), topn=1, output=out, cache_dir=tmp_path / "cache")
     assert result.call_threads is None

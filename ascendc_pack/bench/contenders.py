@@ -22,6 +22,8 @@ ov_f32, ov         ``openvino.convert_model(module, example_input=...)`` -> ``.x
 bundle1, bundleN   the ``.ascpack`` built with ``--topn 1`` / ``--topn N``, ``ascendc_pack_runtime.load``
 bundleN_bf16       the ``.ascpack`` built with ``--topn N --precision bf16`` (default accuracy budget): its
                    peer is the fastest contender computing in the precision it ended up in
+bundleN_ftz        the ``.ascpack`` built with ``--topn N --flush-denormals`` (denormals flushed to zero,
+                   as OpenVINO always does; float32 otherwise)
 =================  ==========================================================================
 """
 
@@ -51,6 +53,8 @@ class Kind:
     #: the precision it computes in: ``fp32`` (the model's own dtype), or ``default`` when the
     #: runtime decides by host (OpenVINO); the worker reports what it really ran (``precision``)
     precision: str = "fp32"
+    #: run when no ``--contenders`` are given (an opt-in variant is not)
+    default: bool = True
 
 
 CONTENDERS = (
@@ -65,10 +69,13 @@ CONTENDERS = (
     Kind("bundle1", ".ascpack --topn 1", "bundle1", bundle=True),
     Kind("bundleN", ".ascpack --topn {n}", "bundleN", bundle=True),
     Kind("bundleN_bf16", ".ascpack --topn {n} --precision bf16", "bundleN_bf16", bundle=True, precision="default"),
+    Kind("bundleN_ftz", ".ascpack --topn {n} --flush-denormals", "bundleN_ftz", bundle=True, default=False),
 )
 BY_ID = {k.cid: k for k in CONTENDERS}
 #: contender ids in report order
 MODEL_CONTENDERS = tuple(BY_ID)
+#: what runs without ``--contenders``
+DEFAULT_CONTENDERS = tuple(k.cid for k in CONTENDERS if k.default)
 #: the contenders a bundle is compared with (bundle ÷ best peer)
 PEERS = tuple(k.cid for k in CONTENDERS if not k.bundle and k.peer)
 BUNDLES = tuple(k.cid for k in CONTENDERS if k.bundle)
@@ -138,16 +145,16 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                 path = out / f"{loaded.name}{tag}.onnx"
                 torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
         seconds = time.perf_counter() - t0
-    elif kind in ("bundle1", "bundleN", "bundleN_bf16"):
+    elif kind in ("bundle1", "bundleN", "bundleN_bf16", "bundleN_ftz"):
         from ascendc_pack.pipeline import build_file
         from ascendc_pack.bench.kernels import choices_json
 
         n = 1 if kind == "bundle1" else topn
-        low = kind == "bundleN_bf16"
-        path = out / f"{Path(model_file).stem}.topn{n}{'.bf16' if low else ''}{tag}.ascpack"
+        low, ftz = kind == "bundleN_bf16", kind == "bundleN_ftz"
+        path = out / f"{Path(model_file).stem}.topn{n}{'.bf16' if low else ''}{'.ftz' if ftz else ''}{tag}.ascpack"
         t0 = time.perf_counter()
         result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"),
-                            precision="bf16" if low else None)
+                            precision="bf16" if low else None, flush_denormals=ftz)
         # like AOTInductor's compile and torch.compile's first call: without loading the model file
         seconds = time.perf_counter() - t0 - result.seconds.get("load", 0.0)
         if result.precision is not None:

@@ -31,7 +31,7 @@ import torch
 
 from ascendc_pack.bench import extras
 from ascendc_pack.bench.contention import Spinner, slowdowns
-from ascendc_pack.bench.contenders import BUNDLES, BY_ID, MODEL_CONTENDERS, NATIVE, PEERS, label
+from ascendc_pack.bench.contenders import BUNDLES, BY_ID, DEFAULT_CONTENDERS, MODEL_CONTENDERS, NATIVE, PEERS, label
 from ascendc_pack.bench.kernels import model_kernel_rows
 from ascendc_pack.bench.machine import host_cores, loadavg
 from ascendc_pack.bench.stats import calls_per_sample, latency_stats, paired_ratio, rotated
@@ -114,14 +114,14 @@ def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold
 
         raise ModelFileError(f"{model_file}: no such file or not a .py file. Pass the path of a model.py "
                              "file defining get_model() and get_example_inputs().")
-    chosen = list(contenders or MODEL_CONTENDERS)
+    chosen = list(contenders or DEFAULT_CONTENDERS)
     unknown = [c for c in chosen if c not in MODEL_CONTENDERS]
     if unknown:
         raise ValueError(f"unknown contenders {unknown}; choose from {', '.join(MODEL_CONTENDERS)}")
     if topn == 1 and "bundle1" in chosen and "bundleN" in chosen:
         chosen.remove("bundleN")  # the same bundle twice
     chosen = [c for c in MODEL_CONTENDERS if c in chosen]
-    extras.require(chosen, {c: label(c, topn) for c in MODEL_CONTENDERS}, MODEL_CONTENDERS)
+    extras.require(chosen, {c: label(c, topn) for c in MODEL_CONTENDERS}, DEFAULT_CONTENDERS)
     spinner = Spinner(busy_core) if contention else None
     own_dir = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="ascpack-bench-")) if own_dir else Path(work_dir)

@@ -14,6 +14,11 @@ model): the runtime applies the choice only on a host like it, and unless the ca
 ``threads``. The record is cached per graph source and host, so a warm rebuild does not time
 again.
 
+A ``--topn 1`` build (no PGO of kernels) times the caps too when the call has at least
+:data:`MANY_STEPS` kernel, tactic and ATen steps (:func:`worth_timing`): that is where a wake-up per
+step adds up (mobilenet_v3_small, efficientnet_b0), and the ~0.5 s it costs is small against such a
+build; a small graph is left uncapped without timing.
+
 Another process holding a core while the caps are timed favours the one-thread call (it has no
 teammate to wait for), and a cap recorded then would halve the bundle's speed on a quiet host. So
 each sample's contended run-queue wait is measured (``autotune.contended_wait``); a contended
@@ -52,6 +57,17 @@ SETTLED_ROUNDS = 3
 """Rounds after which timing stops early when they all agree by a wide margin (:func:`settled`)."""
 LEAD_IN_S = 0.03
 SAMPLE_S = 0.03
+MANY_STEPS = 16
+"""At ``--topn 1``, the caps are timed only for a call of at least this many parallel-capable steps."""
+
+
+def worth_timing(topn: int, cores: int, steps: dict) -> bool:
+    """Whether a build times the call caps: on 2+ cores, always with PGO (``topn`` > 1), and at
+    ``--topn 1`` when ``steps`` (the graph's step counts by kind, ``GraphSource.stats["steps"]``)
+    hold at least :data:`MANY_STEPS` fused, tactic and ATen-out steps."""
+    if cores <= 1:
+        return False
+    return topn > 1 or sum(steps.get(k, 0) for k in ("fused", "tactic", "aten_out")) >= MANY_STEPS
 
 
 def candidate_caps(cores: int) -> list[int]:
@@ -171,4 +187,4 @@ def tune_call_threads(bundle: Path, inputs: tuple, cores: int, cache_dir: Path, 
     return record
 
 
-__all__ = ["CACHE_SUBDIR", "MARGIN", "candidate_caps", "choose", "settled", "measure", "tune_call_threads"]
+__all__ = ["CACHE_SUBDIR", "MARGIN", "MANY_STEPS", "worth_timing", "candidate_caps", "choose", "settled", "measure", "tune_call_threads"]
