@@ -116,6 +116,7 @@ class BuildResult:
     tactics_disqualified: int = 0
     call_threads: object = None   # the manifest's CallThreads record (None: not timed: 1 core, or --topn 1 with few steps)
     precision: object = None      # the PrecisionReport of --precision (None: the model's own precision)
+    denormals: object = None      # a DenormalReport when the model makes many denormals and the build does not flush
 
     def summary(self) -> str:
         from ascendc_pack.tactics.report import tactic_table
@@ -128,6 +129,8 @@ class BuildResult:
             text += "\n\ncall threads: " + self.call_threads.describe()
         if self.precision is not None:
             text += "\n\n" + self.precision.describe()
+        if self.denormals is not None:
+            text += "\n\n" + self.denormals.hint()
         if self.verification:
             text += "\n\n" + verification_table(self.verification)
         return text
@@ -353,6 +356,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     call_threads = _tune_call_threads(staged, input_sets[0], config, report, progress, remove_on_error=verify,
                                       rewrite=lambda rec: build_bundle(*bundle_args, tactics=prep.tactics,
                                                                        call_threads=rec, precision=prep.precision))
+    denormals = _denormals_hint(model, example_inputs, config)
     checks = []
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
@@ -370,7 +374,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                        compile_failures=counts.failures, candidates_disqualified=pm.candidates_disqualified,
                        fallbacks=fallbacks, verification=checks, tactics=prep.tactics, call_threads=call_threads,
                        tactics_profiled=prep.tactics_profiled, tactics_disqualified=prep.tactics_disqualified,
-                       precision=prep.precision)
+                       precision=prep.precision, denormals=denormals)
 
 
 def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, config, name: str, progress,
@@ -393,6 +397,21 @@ def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, conf
         for inputs in () if _reach_without_running(pm, prep.fused, input_sets) else input_sets:
             pm(*_clone(inputs))
     return prep, pm
+
+
+def _denormals_hint(model, example_inputs, config):
+    """A :class:`~ascendc_pack.frontend.denormals.DenormalReport` when a cpu build that does not
+    flush denormals has a model that makes many (one more eager call, under a dispatch mode), else
+    None."""
+    from ascendc_pack.frontend.denormals import count_denormals
+
+    if config.flush_denormals or config.backend != "cpu":
+        return None
+    report = count_denormals(model, tuple(example_inputs))
+    if not report.worth_flushing:
+        return None
+    log.info("%s", report.hint())
+    return report
 
 
 def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, remove_on_error: bool, rewrite):

@@ -2,7 +2,9 @@
 with denormal floats flushed to zero (results) and read as zero (operands) - on the calling thread
 and on every worker of the graph's task pool - and leaves the caller's floating-point mode as it
 was; a bundle built without it keeps denormals exactly as eager does. The manifest records the
-choice, ``inspect`` shows it, and a backend it cannot apply to is refused."""
+choice, ``inspect`` shows it, and a backend it cannot apply to is refused. A build that does not
+flush and whose model makes many denormals says so and names the option; one that makes none
+stays silent."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import ascendc_pack_runtime as rt
 from ascendc_pack.cli.main import main
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import ConfigError
+from ascendc_pack.frontend.denormals import SHARE, count_denormals
 from ascendc_pack.pipeline import build
 
 TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
@@ -38,15 +41,26 @@ def _denormal(t: torch.Tensor) -> torch.Tensor:
     return (t != 0) & (t.abs() < TINY)
 
 
+class MaskedSoftmax(torch.nn.Module):
+    """Swin's shifted-window pattern in small: a softmax over scores with a -100 mask."""
+
+    def forward(self, scores, mask):
+        return torch.softmax(scores + mask * -100.0, dim=-1)
+
+
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
+def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("denormals")
     out = {}
     for flush in (False, True):
         path = root / f"flush{int(flush)}.ascpack"
-        build(MakesDenormals(), _inputs(), output=path, cache_dir=root / "cache", flush_denormals=flush)
-        out[flush] = path
+        out[flush] = build(MakesDenormals(), _inputs(), output=path, cache_dir=root / "cache", flush_denormals=flush)
     return out
+
+
+@pytest.fixture(scope="module")
+def bundles(results):
+    return {flush: r.output for flush, r in results.items()}
 
 
 def test_eager_makes_denormals_here():
@@ -81,6 +95,22 @@ def test_inspect_shows_it(bundles):
     default = runner.invoke(main, ["inspect", str(bundles[False])])
     assert flushing.exit_code == 0 and "denormals flushed to zero in every call" in flushing.output
     assert default.exit_code == 0 and "denormals flushed" not in default.output
+
+
+def test_a_build_that_does_not_flush_names_the_option_when_the_model_makes_denormals(results):
+    hint = results[False].denormals
+    assert hint is not None and hint.worth_flushing and hint.by_op[0][0] == "aten.mul"
+    assert "rebuild with --flush-denormals" in results[False].summary()
+    assert results[True].denormals is None and "--flush-denormals" not in results[True].summary()
+
+
+def test_the_count_sees_a_masked_softmax_and_nothing_in_a_plain_model():
+    g = torch.Generator().manual_seed(0)
+    scores, mask = torch.randn(4, 64, 64, generator=g), (torch.rand(64, 64, generator=g) < 0.5).float()
+    report = count_denormals(MaskedSoftmax(), (scores, mask))
+    assert report.worth_flushing and report.by_op[0][0] == "aten._softmax"
+    plain = count_denormals(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()), (torch.randn(8, 64),))
+    assert plain.denormal == 0 and plain.values > 0 and not plain.worth_flushing and SHARE > 0
 
 
 @pytest.mark.parametrize("kw, message", [

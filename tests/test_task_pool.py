@@ -2,7 +2,9 @@
 
 A C++ driver runs thousands of jobs of random sizes and thread counts and checks, per job, that
 every task ran exactly once, that worker ids stay below the job's thread count and are never
-shared by two tasks running at once, that workers really take tasks, and that a second calling
+shared by two tasks running at once, that every task runs in its caller's floating-point mode
+(every other job's caller flushes denormals, ascendc_pack/fp_mode.h), that workers really take
+tasks, and that a second calling
 thread (the pool busy) and a forked child (no workers) still run every task. (That a caller
 never waits for a worker to wake up is a timing property: bench/omp_wakeup.py, docs/DESIGN.md
 §4.8.)
@@ -37,6 +39,7 @@ struct Job {
   std::atomic<int> errors{0};
   int threads;
   int spin_us;
+  uint64_t mode = ascendc_pack::fp_mode() & ascendc_pack::kFpControlBits;  // the caller's
   explicit Job(int64_t n, int t, int spin) : runs(n), threads(t), spin_us(spin) {
     for (auto& b : busy) b = 0;
   }
@@ -45,6 +48,7 @@ struct Job {
 static void task(void* ctx, int64_t t, int32_t w) {
   Job& j = *static_cast<Job*>(ctx);
   if (w < 0 || w >= j.threads || j.busy[w].exchange(1)) ++j.errors;  // id out of range or shared
+  if ((ascendc_pack::fp_mode() & ascendc_pack::kFpControlBits) != j.mode) ++j.errors;  // not the caller's mode
   j.runs[t].fetch_add(1);
   if (w != 0) ++j.by_worker;
   if (j.spin_us) {
@@ -62,6 +66,7 @@ static int run_jobs(TaskPool& pool, int jobs, unsigned seed, long* by_workers) {
   for (int i = 0; i < jobs; ++i) {
     int64_t n = 1 + rng() % 300;
     int threads = 1 + rng() % 4;
+    ascendc_pack::FlushDenormals flush(i % 2 == 1);  // odd jobs: the caller flushes denormals
     Job j(n, threads, i % 50 == 0 ? 20 : 0);
     pool.abi()->run(pool.abi(), n, threads, task, &j);
     for (auto& r : j.runs) bad += r.load() != 1;
