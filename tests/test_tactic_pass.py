@@ -214,6 +214,17 @@ def test_batchnorm_residual_relu_chain_and_derived_affine():
         assert first[0].name == ranked[0].name and first[-1].name == "aten" and len(first) == 1 + (first[0].name != "aten")
 
 
+def test_a_library_depthwise_convolution_pays_its_measured_inefficiency(monkeypatch):
+    target = CpuTarget.detect(2, profile=FALLBACK)
+    dw = {"x_shape": [1, 96, 56, 56], "out_channels": 96, "groups": 96, "kernel": [3, 3], "padding": [1, 1],
+          "position": "interior"}
+    grouped = {**dw, "groups": 48}   # two input channels per group: not depthwise
+    with_factor = {d["groups"]: predict.predict_us("conv", d, "onednn_cl", target) for d in (dw, grouped)}
+    monkeypatch.setattr(predict, "DEPTHWISE_LIBRARY", 1.0)
+    without = {d["groups"]: predict.predict_us("conv", d, "onednn_cl", target) for d in (dw, grouped)}
+    assert with_factor[96] == pytest.approx(2.0 * without[96]) and with_factor[48] == without[48]
+
+
 def test_candidate_order_follows_the_cost_model():
     """A GEMM with many rows goes to oneDNN's packed weight first; a 1-row GEMV (every candidate
     streams the weight) to the cheapest call; attention to flash; the host profile scales it."""

@@ -23,7 +23,11 @@ A candidate's time is a roofline with a fixed cost per call::
 * extra passes over memory: the epilogue ATen as captured runs as one more fused kernel (read and
   write the output, read a residual), a channels_last candidate's relayout of an NCHW input, the
   weight ATen's channels_last convolution reorders on every call, the scores the unfused attention
-  writes and reads back (``bmm``, softmax, ``bmm``).
+  writes and reads back (``bmm``, softmax, ``bmm``);
+* a library's depthwise convolution (one input channel per group) takes :data:`DEPTHWISE_LIBRARY`
+  times its roofline: PGO measured oneDNN's channels_last depthwise 1.4-2.2x the generated
+  ``dwconv`` kernel on efficientnet_b0's five mispredicted steps, where the roofline put them level,
+  so ``--topn 1`` ran those steps on oneDNN.
 
 It only orders candidates: PGO (``--topn`` > 1) times them on the real arguments and its medians
 decide. The prediction is recorded next to them (``tuning.json``) so the two can be compared.
@@ -62,6 +66,11 @@ RATES = {
 mobilenet_v3_small measured them (a 1x1 convolution of one pixel: ATen 27 µs, oneDNN 42 µs, the
 generated GEMM 1.3 µs; 2-core Xeon, load 2): what lets a generated kernel's estimate (its family's
 cost model, no dispatcher in between) rank first on small steps, as PGO found it does."""
+
+
+DEPTHWISE_LIBRARY = 2.0
+"""A library depthwise convolution's measured time ÷ its roofline estimate, beyond the shape
+penalty of short dot products (the efficientnet_b0 steps above; 2026-12-06, Intel host)."""
 
 
 def peak_flops_per_us(target: CpuTarget) -> float:
@@ -136,6 +145,8 @@ def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
     depth = (c // groups) * kh * kw
     shape_eff = min(1.0, depth / 64.0) if groups > 1 else 1.0
     t = _roofline(name, flops / max(shape_eff, 0.05), x_bytes + w_bytes + out, target)
+    if groups > 1 and c // groups == 1:
+        t *= DEPTHWISE_LIBRARY
     bw = bytes_per_us(target)
     t += _epilogue_passes(desc, name) * out / bw + _conversions(name, (x_bytes + out) / F32, target)
     entry = desc.get("position", "entry") == "entry" and desc.get("layout", "contiguous") != "channels_last"
