@@ -356,13 +356,14 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     call_threads = _tune_call_threads(staged, input_sets[0], config, report, progress, remove_on_error=verify,
                                       rewrite=lambda rec: build_bundle(*bundle_args, tactics=prep.tactics,
                                                                        call_threads=rec, precision=prep.precision))
-    denormals = _denormals_hint(model, example_inputs, config)
-    checks = []
+    checks, denormals = [], None
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
             budget = prep.precision.budget if prep.precision is not None and prep.precision.computes != "fp32" else None
+            counter = _denormal_counter(config)
             checks = _verify_bundle(model, input_sets, staged, out, captured.model.output_names, atol, rtol,
-                                    random_ops(captured.model.program), budget=budget)
+                                    random_ops(captured.model.program), budget=budget, watch=counter)
+            denormals = _denormals_hint(counter)
     seconds = {k: v for k, v in progress.seconds.items() if k not in ("bundle", "verify")}
     seconds["graph_compile"] = report.graph.compile_seconds
     seconds["bundle"] = max(0.0, progress.seconds["bundle"] - report.graph.compile_seconds)
@@ -399,17 +400,19 @@ def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, conf
     return prep, pm
 
 
-def _denormals_hint(model, example_inputs, config):
-    """A :class:`~ascendc_pack.frontend.denormals.DenormalReport` when a cpu build that does not
-    flush denormals has a model that makes many (one more eager call, under a dispatch mode), else
-    None."""
-    from ascendc_pack.frontend.denormals import count_denormals
+def _denormal_counter(config):
+    """A :class:`~ascendc_pack.frontend.denormals.DenormalCounter` for the verification's eager
+    call, in a cpu build that does not flush denormals; else None."""
+    from ascendc_pack.frontend.denormals import DenormalCounter
 
-    if config.flush_denormals or config.backend != "cpu":
+    return None if config.flush_denormals or config.backend != "cpu" else DenormalCounter()
+
+
+def _denormals_hint(counter):
+    """The counter's report when the model makes enough denormals to name ``--flush-denormals``."""
+    if counter is None or not counter.report().worth_flushing:
         return None
-    report = count_denormals(model, tuple(example_inputs))
-    if not report.worth_flushing:
-        return None
+    report = counter.report()
     log.info("%s", report.hint())
     return report
 
@@ -442,12 +445,12 @@ def _tune_call_threads(staged: Path, inputs: tuple, config, report, progress, re
 
 
 def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rtol, random: list[str] = (),
-                   also=None, budget=None) -> list:
+                   also=None, budget=None, watch=None) -> list:
     """Load the staged bundle with the runtime, compare it with eager (by the precision ``budget``
     when steps run in low precision), then move it to ``out``; on a mismatch (or a load failure)
     delete it and raise VerificationError (``random``: the program's random-number ops, which
     explain a mismatch). ``also(model)``: more checks of the loaded model (a dynamic bundle's
-    generic plan)."""
+    generic plan). ``watch``: a dispatch mode eager's call on the example inputs runs under."""
     import ascendc_pack_runtime as rt
 
     try:
@@ -456,7 +459,8 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
         except rt.BundleError as exc:
             raise VerificationError(f"the new bundle does not load: {exc}") from None
         try:
-            checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol, budget=budget)
+            checks = check_against_eager(module, input_sets, model, names=names, atol=atol, rtol=rtol, budget=budget,
+                                         watch=watch)
             if also is not None:
                 checks += also(model)
         finally:

@@ -75,17 +75,20 @@ def plain_cond():
 
 def check_against_eager(module: torch.nn.Module, input_sets: list[tuple], run: Callable,
                         names: list[str] | None = None, atol: float | None = None,
-                        rtol: float | None = None, budget: float | None = None) -> list[InputSetCheck]:
+                        rtol: float | None = None, budget: float | None = None,
+                        watch=None) -> list[InputSetCheck]:
     """Run ``run(*inputs)`` and eager ``module(*inputs)`` on every input set and compare them,
     input mutations included. An output that misses the tolerances gets a second look against a
     float64 run of the model (computed only then). ``budget``: compare every floating output by
-    its relative error against this precision budget instead (a bundle with low-precision steps)."""
+    its relative error against this precision budget instead (a bundle with low-precision steps).
+    ``watch``: a context manager (a dispatch mode) the eager call on the first input set runs
+    under, to observe it without calling the model once more."""
     results = []
     module64 = None
     for k, inputs in enumerate(input_sets):
         label = "example inputs" if k == 0 else f"calibration set {k - 1}"
         eager_in, our_in = _clone(inputs), _clone(inputs)
-        with torch.no_grad(), plain_cond():
+        with torch.no_grad(), plain_cond(), (watch if k == 0 and watch is not None else contextlib.nullcontext()):
             expected = module(*eager_in)
         actual = run(*our_in)
         checks, problem = _compare(expected, actual, atol, rtol, names, None, budget)

@@ -4,8 +4,9 @@
 On x86 every instruction that reads or writes a denormal float (below 1.18e-38 for float32) takes
 a microcode assist, and a model that makes many of them - a softmax over a -100 mask, as in Swin's
 shifted windows - runs several times slower than it needs to (swin_mask 0.82 ms vs 0.15 ms
-flushed). Nothing in a latency table says why, so a build that does not flush runs eager once more
-on the example inputs under :class:`DenormalCounter` and names the operators that made them.
+flushed). Nothing in a latency table says why, so a build that does not flush runs its verification's
+eager call on the example inputs under :class:`DenormalCounter` (no extra call of the model, whose
+forward may count its calls or update state) and names the operators that made them.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class DenormalCounter(TorchDispatchMode):
 
 
 def count_denormals(module: torch.nn.Module, inputs: tuple) -> DenormalReport:
-    """One eager call of ``module`` on clones of ``inputs`` under :class:`DenormalCounter`."""
+    """One eager call of ``module`` on clones of ``inputs`` under :class:`DenormalCounter` (for
+    tools and tests; the build counts during the eager call it makes anyway)."""
     from ascendc_pack.frontend.check import plain_cond
 
     counter = DenormalCounter()
