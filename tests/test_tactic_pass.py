@@ -214,15 +214,18 @@ def test_batchnorm_residual_relu_chain_and_derived_affine():
         assert first[0].name == ranked[0].name and first[-1].name == "aten" and len(first) == 1 + (first[0].name != "aten")
 
 
-def test_a_library_depthwise_convolution_pays_its_measured_inefficiency(monkeypatch):
+def test_a_library_depthwise_or_1x1_convolution_pays_its_measured_inefficiency(monkeypatch):
     target = CpuTarget.detect(2, profile=FALLBACK)
     dw = {"x_shape": [1, 96, 56, 56], "out_channels": 96, "groups": 96, "kernel": [3, 3], "padding": [1, 1],
           "position": "interior"}
-    grouped = {**dw, "groups": 48}   # two input channels per group: not depthwise
-    with_factor = {d["groups"]: predict.predict_us("conv", d, "onednn_cl", target) for d in (dw, grouped)}
-    monkeypatch.setattr(predict, "DEPTHWISE_LIBRARY", 1.0)
-    without = {d["groups"]: predict.predict_us("conv", d, "onednn_cl", target) for d in (dw, grouped)}
-    assert with_factor[96] == pytest.approx(2.0 * without[96]) and with_factor[48] == without[48]
+    steps = {"depthwise": dw, "1x1": {**dw, "groups": 1, "kernel": [1, 1], "padding": [0, 0]},
+             "grouped": {**dw, "groups": 48}, "3x3": {**dw, "groups": 1}}   # the last two: no generated rival
+    with_factor = {k: predict.predict_us("conv", d, "onednn_cl", target) for k, d in steps.items()}
+    monkeypatch.setattr(predict, "LIBRARY_CONV", 1.0)
+    without = {k: predict.predict_us("conv", d, "onednn_cl", target) for k, d in steps.items()}
+    assert with_factor["depthwise"] == pytest.approx(2.0 * without["depthwise"])
+    assert with_factor["1x1"] == pytest.approx(2.0 * without["1x1"])
+    assert with_factor["grouped"] == without["grouped"] and with_factor["3x3"] == without["3x3"]
 
 
 def test_candidate_order_follows_the_cost_model():

@@ -24,10 +24,13 @@ A candidate's time is a roofline with a fixed cost per call::
   write the output, read a residual), a channels_last candidate's relayout of an NCHW input, the
   weight ATen's channels_last convolution reorders on every call, the scores the unfused attention
   writes and reads back (``bmm``, softmax, ``bmm``);
-* a library's depthwise convolution (one input channel per group) takes :data:`DEPTHWISE_LIBRARY`
-  times its roofline: PGO measured oneDNN's channels_last depthwise 1.4-2.2x the generated
-  ``dwconv`` kernel on efficientnet_b0's five mispredicted steps, where the roofline put them level,
-  so ``--topn 1`` ran those steps on oneDNN.
+* a library's depthwise or 1x1 convolution takes :data:`LIBRARY_CONV` times its roofline, where a
+  generated kernel is the alternative (``dwconv``; the GEMM of a 1x1): PGO measured oneDNN's
+  channels_last depthwise convolutions 1.4-2.2x the generated ``dwconv`` kernel on efficientnet_b0's
+  five mispredicted steps, where the roofline put them level, and its 1x1 convolutions 1.4-2.0x the
+  generated GEMM on all 19 of that model's 1x1 steps over 1x1 pixels (median 1.63), where the
+  rooflines put them 0.65-2.1x: ``--topn 1`` ran eight of those steps on oneDNN (efficientnet_b0 at
+  ``--topn 1`` 1.29x its ``--topn 4`` bundle).
 
 It only orders candidates: PGO (``--topn`` > 1) times them on the real arguments and its medians
 decide. The prediction is recorded next to them (``tuning.json``) so the two can be compared.
@@ -68,9 +71,9 @@ generated GEMM 1.3 µs; 2-core Xeon, load 2): what lets a generated kernel's est
 cost model, no dispatcher in between) rank first on small steps, as PGO found it does."""
 
 
-DEPTHWISE_LIBRARY = 2.0
-"""A library depthwise convolution's measured time ÷ its roofline estimate, beyond the shape
-penalty of short dot products (the efficientnet_b0 steps above; 2026-12-06, Intel host)."""
+LIBRARY_CONV = 2.0
+"""A library's depthwise or 1x1 convolution: measured time ÷ its roofline estimate, relative to the
+generated kernels' own estimates (the efficientnet_b0 steps above; 2026-12-06, Intel host)."""
 
 
 def peak_flops_per_us(target: CpuTarget) -> float:
@@ -145,8 +148,8 @@ def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
     depth = (c // groups) * kh * kw
     shape_eff = min(1.0, depth / 64.0) if groups > 1 else 1.0
     t = _roofline(name, flops / max(shape_eff, 0.05), x_bytes + w_bytes + out, target)
-    if groups > 1 and c // groups == 1:
-        t *= DEPTHWISE_LIBRARY
+    if (groups > 1 and c // groups == 1) or (groups == 1 and kh == kw == 1):
+        t *= LIBRARY_CONV
     bw = bytes_per_us(target)
     t += _epilogue_passes(desc, name) * out / bw + _conversions(name, (x_bytes + out) / F32, target)
     entry = desc.get("position", "entry") == "entry" and desc.get("layout", "contiguous") != "channels_last"
