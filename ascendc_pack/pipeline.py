@@ -382,7 +382,19 @@ def prepare_and_tune(model: torch.nn.Module, example_inputs, input_sets, *, conf
                      output_names=None, protocol=None, tactics: bool = True, before_tuning=None):
     """:func:`prepare` then PGO of the fused kernels on ``input_sets`` (stage ``tune``):
     ``(Prepared, PythonModeModule)``; the module's ``choices()`` / ``fallbacks()`` are the outcome.
-    ``before_tuning`` runs before anything is timed (and once more before the kernels are)."""
+    ``before_tuning`` runs before anything is timed (and once more before the kernels are). With
+    ``config.flush_denormals`` every candidate is verified and timed with denormals flushed, as
+    the bundle will run."""
+    from ascendc_pack.frontend.denormals import flushing
+
+    with flushing(config.flush_denormals):
+        return _prepare_and_tune(model, example_inputs, input_sets, config=config, name=name, progress=progress,
+                                 output_names=output_names, protocol=protocol, tactics=tactics,
+                                 before_tuning=before_tuning)
+
+
+def _prepare_and_tune(model, example_inputs, input_sets, *, config, name, progress, output_names, protocol, tactics,
+                      before_tuning):
     from ascendc_pack.autotune.protocol import Protocol
     from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.tune.python_mode import PythonModeModule

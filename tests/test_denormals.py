@@ -17,7 +17,7 @@ import ascendc_pack_runtime as rt
 from ascendc_pack.cli.main import main
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import ConfigError
-from ascendc_pack.frontend.denormals import SHARE, count_denormals
+from ascendc_pack.frontend.denormals import SHARE, count_denormals, flushes_now, flushing
 from ascendc_pack.pipeline import build
 
 TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
@@ -111,6 +111,22 @@ def test_the_count_sees_a_masked_softmax_and_nothing_in_a_plain_model():
     assert report.worth_flushing and report.by_op[0][0] == "aten._softmax"
     plain = count_denormals(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()), (torch.randn(8, 64),))
     assert plain.denormal == 0 and plain.values > 0 and not plain.worth_flushing and SHARE > 0
+
+
+def test_flushing_sets_the_mode_for_the_block_and_restores_it():
+    assert not flushes_now()
+    with flushing(True):
+        assert flushes_now() and _denormal(torch.tensor([1e-39]) * 1.0).logical_not().all()
+        with flushing(False):   # off: leaves the mode as it is
+            assert flushes_now()
+    assert not flushes_now()
+    torch.set_flush_denormal(True)
+    try:
+        with flushing(True):
+            pass
+        assert flushes_now(), "a caller that flushed before still flushes after"
+    finally:
+        torch.set_flush_denormal(False)
 
 
 @pytest.mark.parametrize("kw, message", [

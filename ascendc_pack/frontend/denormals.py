@@ -12,7 +12,9 @@ forward may count its calls or update state) and names the operators that made t
 from __future__ import annotations
 
 import collections
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -74,6 +76,27 @@ class DenormalCounter(TorchDispatchMode):
         return DenormalReport(sum(self.by_op.values()), self.values, tuple(self.by_op.most_common()))
 
 
+def flushes_now() -> bool:
+    """Whether this thread flushes denormals now (a denormal times one comes out zero)."""
+    return (torch.tensor([1e-39]) * 1.0).item() == 0.0
+
+
+@contextmanager
+def flushing(on: bool) -> Iterator[None]:
+    """Run the block with denormals flushed on this thread when ``on`` (``torch.set_flush_denormal``,
+    as a ``--flush-denormals`` bundle runs its calls), then give the thread its mode back: PGO times
+    the candidates in the mode the bundle will run in."""
+    if not on:
+        yield
+        return
+    before = flushes_now()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
+
+
 def count_denormals(module: torch.nn.Module, inputs: tuple) -> DenormalReport:
     """One eager call of ``module`` on clones of ``inputs`` under :class:`DenormalCounter` (for
     tools and tests; the build counts during the eager call it makes anyway)."""
@@ -86,4 +109,4 @@ def count_denormals(module: torch.nn.Module, inputs: tuple) -> DenormalReport:
     return counter.report()
 
 
-__all__ = ["SHARE", "DenormalReport", "DenormalCounter", "count_denormals"]
+__all__ = ["SHARE", "DenormalReport", "DenormalCounter", "count_denormals", "flushes_now", "flushing"]
