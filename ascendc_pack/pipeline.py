@@ -422,9 +422,9 @@ def _denormal_counter(config):
 
 def _denormals_hint(counter):
     """The counter's report when the model makes enough denormals to name ``--flush-denormals``."""
-    if counter is None or not counter.report().worth_flushing:
+    report = counter.report() if counter is not None else None
+    if report is None or not report.worth_flushing:
         return None
-    report = counter.report()
     log.info("%s", report.hint())
     return report
 
