@@ -180,6 +180,17 @@ def test_shifted_window_attention_with_strided_heads_is_one_step():
     assert s.desc["batch"] == 8 and [t.name for t in candidates_for(s, 10)] == ["unfused"]
 
 
+def test_attention_with_an_eval_mode_dropout_before_the_values_is_one_step():
+    """torchvision's swin: softmax(scores + relative position bias), then ``F.dropout(training=False)``
+    (captured as a clone of the probabilities), then ``@ v``."""
+    def f(s, q, k, v, bias):
+        a = torch.softmax((q * 0.35) @ k.transpose(-2, -1) + bias, -1)
+        return F.dropout(a, p=0.1, training=False) @ v
+    _, (s,) = _pass(Fn(f), *(torch.randn(2, 3, 16, 8) for _ in range(3)), torch.randn(1, 3, 16, 16))
+    assert s.tactic_kind == "attention" and s.desc["mask"] == "float" and tuple(s.desc["mask_shape"]) == (1, 3, 16, 16)
+    assert s.desc["scale"] == pytest.approx(0.35)
+
+
 def test_batchnorm_residual_relu_chain_and_derived_affine():
     bn = nn.BatchNorm2d(8)
     with torch.no_grad():

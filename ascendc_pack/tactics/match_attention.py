@@ -5,7 +5,8 @@ Capture leaves both ``scaled_dot_product_attention`` and the written-out chain a
     QQ = mul(q, a) | q                        KK = mul(permute(k, [0,1,3,2]), a) | permute(k, ...)
     S  = view(bmm(view(expand(QQ)), view(expand(KK))), [B, H, L, S])  (* c | / c)
     s  = add(S, mask) | where(bool_mask, S, scalar_tensor(-inf)) | S
-    p  = div(exp(sub(s, amax(s))), sum(...))  (then, for _safe_softmax: where(all masked, 0, p))
+    p  = div(exp(sub(s, amax(s))), sum(...))  (then, for _safe_softmax: where(all masked, 0, p);
+         then, from an eval-mode dropout, perhaps clone(p))
     out = view(bmm(view(expand(p)), view(expand(v))), [B, H, L, Ev])
 
 The scale is ``a² · c``. K and V whose heads were repeated for grouped-query attention
@@ -45,8 +46,7 @@ def _unview3(mt, name3: str, steps: list) -> str | None:
         return None
     inner = v.args[0].name
     c = _step(mt, inner, "aten.clone.default")
-    if c is not None and c.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format \
-            and len(c.kwargs) <= 1:
+    if c is not None and _contiguous_clone(c):
         steps.append(mt.index_of(inner))
         inner = c.args[0].name
     e = _step(mt, inner, "aten.expand.default")
@@ -57,6 +57,11 @@ def _unview3(mt, name3: str, steps: list) -> str | None:
         return None
     steps += [mt.index_of(name3), mt.index_of(inner)]
     return x
+
+
+def _contiguous_clone(c: AtenStep) -> bool:
+    """A ``clone`` that only copies (to a contiguous tensor): the attention reads its source instead."""
+    return c.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format and len(c.kwargs) <= 1
 
 
 def _scaled(mt, name: str, steps: list) -> tuple[str, float]:
@@ -111,6 +116,10 @@ def match_attention(mt, i: int):
     safe = _safe_guard(mt, s, p, steps)
     if safe:
         p = mt.g.steps[steps[-1]].outputs[0]
+    copy = mt.only_consumer(p, "aten.clone.default")  # torchvision's swin: F.dropout(p, training=False)
+    if copy is not None and _contiguous_clone(mt.g.steps[copy]):
+        steps.append(copy)
+        p = mt.g.steps[copy].outputs[0]
     # P·V
     pe = mt.only_consumer(p, "aten.expand.default")
     pv = pe is not None and mt.only_consumer(mt.g.steps[pe].outputs[0], "aten.view.default")
