@@ -11,6 +11,7 @@ from torch import nn
 
 from ascendc_pack.frontend.capture import capture
 from ascendc_pack.frontend.executor import run_model
+from ascendc_pack.passes.copy_elision import elide_copies
 from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.ir.program import ModelProgram, TacticStep, dump
 from ascendc_pack.tactics.match import UNARY_PATTERNS
@@ -186,9 +187,14 @@ def test_attention_with_an_eval_mode_dropout_before_the_values_is_one_step():
     def f(s, q, k, v, bias):
         a = torch.softmax((q * 0.35) @ k.transpose(-2, -1) + bias, -1)
         return F.dropout(a, p=0.1, training=False) @ v
-    _, (s,) = _pass(Fn(f), *(torch.randn(2, 3, 16, 8) for _ in range(3)), torch.randn(1, 3, 16, 16))
+    inputs = (*(torch.randn(2, 3, 16, 8) for _ in range(3)), torch.randn(1, 3, 16, 16))
+    _, (s,) = _pass(Fn(f), *inputs)
     assert s.tactic_kind == "attention" and s.desc["mask"] == "float" and tuple(s.desc["mask_shape"]) == (1, 3, 16, 16)
     assert s.desc["scale"] == pytest.approx(0.35)
+    # as the pipeline runs it: copy elision first turns the clone into an alias
+    folded = fold_constants(*(lambda c: (c.model, c.weights))(capture(Fn(f).eval(), inputs)))
+    elided = find_tactics(elide_copies(folded.model), folded.weights).model.program.steps
+    assert [t.tactic_kind for t in elided if isinstance(t, TacticStep)] == ["attention"]
 
 
 def test_batchnorm_residual_relu_chain_and_derived_affine():

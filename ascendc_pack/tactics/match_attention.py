@@ -6,7 +6,7 @@ Capture leaves both ``scaled_dot_product_attention`` and the written-out chain a
     S  = view(bmm(view(expand(QQ)), view(expand(KK))), [B, H, L, S])  (* c | / c)
     s  = add(S, mask) | where(bool_mask, S, scalar_tensor(-inf)) | S
     p  = div(exp(sub(s, amax(s))), sum(...))  (then, for _safe_softmax: where(all masked, 0, p);
-         then, from an eval-mode dropout, perhaps clone(p))
+         then, from an eval-mode dropout, perhaps clone(p), or alias(p) after copy elision)
     out = view(bmm(view(expand(p)), view(expand(v))), [B, H, L, Ev])
 
 The scale is ``a² · c``. K and V whose heads were repeated for grouped-query attention
@@ -45,8 +45,8 @@ def _unview3(mt, name3: str, steps: list) -> str | None:
     if v is None:
         return None
     inner = v.args[0].name
-    c = _step(mt, inner, "aten.clone.default")
-    if c is not None and _contiguous_clone(c):
+    c = _step(mt, inner, "aten.clone.default") or _step(mt, inner, "aten.alias.default")
+    if c is not None and _plain_copy(c):
         steps.append(mt.index_of(inner))
         inner = c.args[0].name
     e = _step(mt, inner, "aten.expand.default")
@@ -59,8 +59,11 @@ def _unview3(mt, name3: str, steps: list) -> str | None:
     return x
 
 
-def _contiguous_clone(c: AtenStep) -> bool:
-    """A ``clone`` that only copies (to a contiguous tensor): the attention reads its source instead."""
+def _plain_copy(c: AtenStep) -> bool:
+    """A ``clone`` that only copies (to a contiguous tensor), or the ``alias`` copy elision made of
+    one: the attention reads its source instead."""
+    if c.op == "aten.alias.default":
+        return not c.kwargs
     return c.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format and len(c.kwargs) <= 1
 
 
@@ -116,8 +119,10 @@ def match_attention(mt, i: int):
     safe = _safe_guard(mt, s, p, steps)
     if safe:
         p = mt.g.steps[steps[-1]].outputs[0]
-    copy = mt.only_consumer(p, "aten.clone.default")  # torchvision's swin: F.dropout(p, training=False)
-    if copy is not None and _contiguous_clone(mt.g.steps[copy]):
+    # torchvision's swin: F.dropout(p, training=False), a clone (an alias once copies are elided)
+    copy = next((c for c in (mt.only_consumer(p, op) for op in ("aten.clone.default", "aten.alias.default"))
+                 if c is not None), None)
+    if copy is not None and _plain_copy(mt.g.steps[copy]):
         steps.append(copy)
         p = mt.g.steps[copy].outputs[0]
     # P·V
