@@ -35,9 +35,6 @@ PRECISIONS = ("fp32", "bf16", "int8", "auto")
 """``--precision`` values: ``fp32`` the model's own dtype (today's behaviour; also what leaving it out
 means), ``bf16`` / ``int8`` offer candidates of that precision for the heavy steps, ``auto`` every
 low precision the host offers (docs/PRECISION.md)."""
-UNAVAILABLE = {"int8": "int8 candidates (oneDNN quantized linear / convolution with calibrated scales) are not "
-                       "built yet (docs/PRECISION.md); use --precision bf16 or auto"}
-"""Precisions the option names but the build cannot offer yet, with the reason."""
 DEFAULT_ACCURACY_BUDGET = 1e-2
 """The default ``--accuracy-budget``: every output's relative error ``||y - y_fp32|| / ||y_fp32||``
 on every calibration input set stays within 1 % (docs/PRECISION.md says why)."""
@@ -274,8 +271,6 @@ def _check_precision(precision: Any, budget: Any, source: str, budget_source: st
     if precision is not None and precision not in PRECISIONS:
         raise ConfigError(f"{source} must be one of {', '.join(PRECISIONS)} (fp32: the model's own dtype, the "
                           f"default), got: {precision!r}")
-    if precision in UNAVAILABLE:
-        raise ConfigError(f"{source} {precision}: {UNAVAILABLE[precision]}")
     if budget is None:
         return None
     try:

@@ -210,7 +210,8 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
     found = find_tactics(captured.model, captured.weights)
     if not found.found:
         return captured, {}, (0, 0), _no_steps_precision(config)
-    tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol())
+    tuner = TacticTuner(found.model, found.weights, config, protocol or Protocol(),
+                        calibration=input_sets)
     with progress.stage("compile", total=tuner.compile_total()) as st:  # GEMM tilings, epilogue kernels
         tuner.compile(st.advance)
     if before_tuning is not None:

@@ -20,6 +20,7 @@ import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.ir.choice import MeasurementQuality, rel_spread
 from ascendc_pack.ir.program import TacticStep, TensorSpec
+from ascendc_pack.tactics.dispatch.int8 import int8_offered
 from ascendc_pack.tactics.dispatch.lowp import NATIVE, STEP_TOLERANCE, bf16_offered, precision_of
 from ascendc_pack.tactics.rewrite import in_layout_chain
 
@@ -157,8 +158,11 @@ def offered_precisions(config: BuildConfig) -> tuple[tuple[str, ...], str | None
     """The low precisions this build offers candidates in, and why one asked for is not (None: all)."""
     if not config.low_precision:
         return (), None
-    why = bf16_offered()
-    return ((), f"bf16: {why}") if why else (("bf16",), None)
+    asked = ("bf16", "int8") if config.precision == "auto" else (config.precision,)
+    checks = {"bf16": bf16_offered, "int8": int8_offered}
+    why = {p: checks[p]() for p in asked}
+    missing = "; ".join(f"{p}: {w}" for p, w in why.items() if w)
+    return tuple(p for p in asked if not why[p]), missing or None
 
 
 def low_check(want: torch.Tensor, got: torch.Tensor, prec: str):

@@ -48,13 +48,6 @@ def _torch_kwargs(call) -> dict:
     return out
 
 
-def _meta_cast(spec: TensorSpec, kwargs: dict) -> TensorSpec:
-    t = torch.empty_strided(spec.shape, spec.stride or _contiguous(spec.shape), dtype=getattr(torch, spec.dtype),
-                            device="meta")
-    r = torch.ops.aten._to_copy.default(t, **kwargs)
-    return TensorSpec(tuple(r.shape), str(r.dtype).removeprefix("torch."), tuple(r.stride()))
-
-
 def _contiguous(shape) -> tuple:
     out, acc = [], 1
     for d in reversed(tuple(shape)):
@@ -70,50 +63,76 @@ def _aten_op(qualified: str) -> str:
     return f"{ns}.{name.removesuffix('_')}.{overload or 'default'}"
 
 
+QUANTIZE_OPS = frozenset({"aten::mul.Scalar", "aten::add.Scalar", "aten::round", "aten::clamp"})
+"""Pointwise ops an int8 candidate quantizes its input with (before its ``_to_copy`` to uint8)."""
+
+
+def _converts(c, made: set[str]) -> bool:
+    """Whether call ``c`` converts a value of ``made`` (a step input or an earlier conversion's
+    result) towards the heavy op's precision: a cast to bfloat16 / uint8, or a quantizing
+    pointwise op on scalars."""
+    if not c.args or not isinstance(c.args[0], TRef) or c.args[0].name not in made:
+        return False
+    if c.op == CAST:
+        return _is_cast(c, "bfloat16") or _is_cast(c, "uint8")
+    return c.op in QUANTIZE_OPS and not c.kwargs and not any(isinstance(a, (TRef, tuple)) for a in c.args[1:])
+
+
 def core(tactic: Tactic) -> tuple[int, int] | None:
     """``(head, last)``: a low-precision tactic's calls ``[head:last]`` are what a lowered step
-    keeps (the heavy op on bfloat16 values, its leading and trailing conversions fused away); None
-    for any other tactic. PGO times that core, as the bundle will run it."""
+    keeps (the heavy op on low-precision values; the conversions before it and, for bfloat16, the
+    conversion back and the epilogue after it go to the fuser); None for any other tactic. PGO
+    times that core, as the bundle will run it."""
     if tactic.param("precision", "fp32") == "fp32":
         return None
     calls = list(tactic.calls)
-    last = next((i for i, c in enumerate(calls) if _is_cast(c, "float32")), None)
-    if last is None:
-        return None
-    head = 0
-    while head < last and _is_cast(calls[head], "bfloat16") and calls[head].args[0].name in tactic.inputs:
+    made, head = set(tactic.inputs), 0
+    while head < len(calls) and _converts(calls[head], made):
+        made.add(calls[head].out)
         head += 1
-    return head, last
+    back = [i for i, c in enumerate(calls) if _is_cast(c, "float32")]
+    if len(back) > 1 or head >= len(calls):
+        return None
+    last = back[0] if back else head + 1   # int8: the quantized op returns float32 itself
+    return (head, last) if last > head else None
+
+
+def _meta_result(op: str, spec: TensorSpec, args: list, kwargs: dict) -> TensorSpec:
+    """The spec of ``op`` applied to a tensor of ``spec`` (meta tensors: no data)."""
+    t = torch.empty_strided(spec.shape, spec.stride or _contiguous(spec.shape), dtype=getattr(torch, spec.dtype),
+                            device="meta")
+    ns, name, overload = op.split(".")
+    r = getattr(getattr(getattr(torch.ops, ns), name), overload)(t, *args, **kwargs)
+    return TensorSpec(tuple(r.shape), str(r.dtype).removeprefix("torch."), tuple(r.stride()))
 
 
 def split_casts(s: TacticStep, scope: str, values: dict) -> list:
     """``[AtenStep..., TacticStep, AtenStep...]`` for a lowered dispatcher step ``s`` (``chosen``
-    set) whose tactic converts to bfloat16 (module docstring); ``[s]`` for any other step.
-    ``values`` (the program's specs) gains the new values."""
+    set) of a low precision (module docstring); ``[s]`` for any other step. ``values`` (the
+    program's specs) gains the new values."""
     if s.chosen is None or lowered_family(s.chosen) != DISPATCH:   # a generated kernel's launch
         return [s]
     tactic = Tactic.from_json(s.chosen)
-    if tactic.param("precision", "fp32") == "fp32":
+    span = core(tactic)
+    if span is None:
         return [s]
     calls = list(tactic.calls)
-    last = next((i for i, c in enumerate(calls) if _is_cast(c, "float32")), None)
-    if last is None or any(_is_cast(c, "float32") for c in calls[last + 1:]):
-        return [s]
     out = s.outputs[0]
     prefix = f"{scope}{out}__"
     bind, shapes, inputs = dict(s.bind), dict(s.shapes), list(tactic.inputs)
     recorded = dict(s.values or {})
     before: list[AtenStep] = []
     head = 0
-    while head < last and _is_cast(calls[head], "bfloat16"):   # leading conversions of bound activations
+    while head < span[0]:   # leading conversions of bound activations
         c = calls[head]
         src = c.args[0].name
         if src not in bind:
             break
         kwargs = _torch_kwargs(c)
         name = prefix + c.out
-        values[name] = _meta_cast(values[bind[src]], kwargs)
-        before.append(AtenStep("aten._to_copy.default", [Ref(bind[src])], kwargs, [name]))
+        op = _aten_op(c.op)
+        values[name] = _meta_result(op, values[bind[src]], list(c.args[1:]), kwargs)
+        before.append(AtenStep(op, [Ref(bind[src]), *c.args[1:]], kwargs, [name]))
         bind[c.out] = name
         if src in shapes:
             shapes[c.out] = shapes[src]
@@ -124,27 +143,26 @@ def split_casts(s: TacticStep, scope: str, values: dict) -> list:
         else:
             inputs.append(c.out)
         head += 1
-    cast = calls[last]
-    low_name = cast.args[0].name
-    low_value = prefix + low_name
+    last = span[1]
+    low_name = calls[last - 1].out
     spec = values[out]
+    tail = calls[last:]
     # contiguous, as captured: propagate_layouts gives it (and the steps after it) the layout the
     # tactic really returns when that differs (a convolution's channels_last)
-    values[low_value] = TensorSpec(tuple(spec.shape), "bfloat16", _contiguous(spec.shape))
-    after = [AtenStep("aten._to_copy.default", [Ref(low_value)], {"dtype": torch.float32},
-                      [out if last == len(calls) - 1 else prefix + cast.out])]
+    low_value = prefix + low_name if tail else out
+    low_dtype = "bfloat16" if tail and _is_cast(tail[0], "float32") else spec.dtype
+    values[low_value] = TensorSpec(tuple(spec.shape), low_dtype, _contiguous(spec.shape))
     f32 = TensorSpec(tuple(spec.shape), spec.dtype, _contiguous(spec.shape))
-    names = {cast.out: after[0].outputs[0]}
-    for j, c in enumerate(calls[last + 1:], start=last + 1):   # the rest of the epilogue, out of place
+    names = {low_name: low_value}
+    after: list[AtenStep] = []
+    for j, c in enumerate(tail):   # the conversion back and the rest of the epilogue, out of place
         args = [Ref(names[a.name]) if isinstance(a, TRef) and a.name in names else
                 Ref(bind[a.name]) if isinstance(a, TRef) else a for a in c.args]
-        result = out if j == len(calls) - 1 else prefix + c.out
+        result = out if j == len(tail) - 1 else prefix + c.out
         after.append(AtenStep(_aten_op(c.op), args, _torch_kwargs(c), [result]))
         names[c.out] = result
-    for st in after:
-        for o in st.outputs:
-            if o != out:
-                values[o] = f32
+        if result != out:
+            values[result] = f32
     new = dataclasses.replace(tactic, calls=tuple(calls[head:last]), output=low_name, inputs=tuple(inputs))
     read = set().union(*(c.refs() for c in [p.call for p in new.prepack] + list(new.calls)))
     bind = {k: v for k, v in bind.items() if k in read}

@@ -39,7 +39,7 @@ from ascendc_pack_runtime.accuracy import relative_error
 import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.frontend.executor import run_model, run_reference_tactic
 from ascendc_pack.tactics.dispatch.dispatcher import bind, execute
-from ascendc_pack.tactics.dispatch.lowp import NATIVE, bf16_feature, precision_of
+from ascendc_pack.tactics.dispatch.lowp import NATIVE, features, precision_of
 from ascendc_pack.tactics.rewrite import in_layout_chain
 
 log = logging.getLogger("ascendc_pack")
@@ -78,13 +78,15 @@ class PrecisionReport:
 
     @property
     def requires(self) -> tuple[str, ...]:
-        """CPU features the chosen low-precision steps need on the host (``avx512_bf16``...)."""
-        if "bf16" not in self.steps.values():
+        """CPU features the chosen low-precision steps need on the host (``avx512_bf16``,
+        ``amx_int8``...)."""
+        lows = sorted({p for p in self.steps.values() if p != NATIVE})
+        if not lows:
             return ()
         from ascendc_pack.toolchain.compiler import host_cpu_flags
 
-        feat = bf16_feature(set(host_cpu_flags()))
-        return (feat,) if feat else ()
+        flags = set(host_cpu_flags())
+        return tuple(f for p in lows if (f := features(p, flags)))
 
     def describe(self) -> str:
         """One paragraph for the build summary: the request, the choice, the error next to the budget."""
@@ -174,8 +176,10 @@ def _time(ch, i: int) -> float | None:
     return ch.predicted_us[i] if i < len(ch.predicted_us) else None
 
 
-def candidates(tuner, decisions: dict[int, int]) -> list[tuple[float, str, int]]:
-    """``[(gain µs, step name, low-precision candidate index), ...]`` by gain, largest first."""
+def candidates(tuner, decisions: dict[int, int]) -> list[tuple[float, str, tuple[int, ...]]]:
+    """``[(gain µs, step name, low-precision candidate indices), ...]`` by gain, largest first;
+    a step's indices are its low-precision candidates that gain (one per precision: ``bf16``,
+    ``int8``), by gain, largest first."""
     by_name: dict[str, list] = {}
     for s in tuner.instances:
         by_name.setdefault(s.name, []).append(s)
@@ -187,14 +191,13 @@ def candidates(tuner, decisions: dict[int, int]) -> list[tuple[float, str, int]]
         natives = [decisions[id(s)] for s in uses]
         if ch.kind == "conv" and not all(in_layout_chain(ch.candidates[i]) for i in natives):
             continue  # a chain planned NCHW: the low-precision convolutions return channels_last
-        options = [(t, i) for i in ch.low.values() if (t := _time(ch, i)) is not None]
         native_t = [_time(ch, i) for i in natives]
-        if not options or any(t is None for t in native_t):
+        if any(t is None for t in native_t):
             continue
-        t_low, i_low = min(options)
-        gain = sum(native_t) - t_low * len(uses)
-        if gain > 0:
-            out.append((gain, name, i_low))
+        options = sorted((sum(native_t) - t * len(uses), i) for i in ch.low.values() if (t := _time(ch, i)) is not None)
+        gaining = [(g, i) for g, i in reversed(options) if g > 0]
+        if gaining:
+            out.append((gaining[0][0], name, tuple(i for _, i in gaining)))
     return sorted(out, key=lambda g: (-g[0], g[1]))
 
 
@@ -216,7 +219,7 @@ def choose(tuner, decisions: dict[int, int], input_sets: list, requested: str, b
         report.note = "no calibration inputs to measure the error on"
         return report
     ev = _Evaluator(tuner, input_sets)
-    switch_of = lambda items: {name: i for _, name, i in items}  # noqa: E731
+    switch_of = lambda items: {name: options[0] for _, name, options in items}  # noqa: E731
     accepted: list = []
     err = ev.error(switch_of(order))
     if err <= budget:
@@ -231,13 +234,15 @@ def choose(tuner, decisions: dict[int, int], input_sets: list, requested: str, b
             else:
                 hi = mid - 1
         accepted = list(order[:lo])
-        for item in order[lo:]:   # fall back step by step: each remaining step alone on top
-            if ev.runs > MAX_EVALUATIONS:
-                break
-            e = ev.error(switch_of(accepted + [item]))
-            if e <= budget:
-                accepted.append(item)
-                final = e
+        for gain, name, options in order[lo:]:   # fall back step by step: each remaining step alone on top,
+            for i in options:                      # in its fastest precision, then its next (int8, then bf16)
+                if ev.runs > MAX_EVALUATIONS:
+                    break
+                e = ev.error(switch_of(accepted + [(gain, name, (i,))]))
+                if e <= budget:
+                    accepted.append((gain, name, (i,)))
+                    final = e
+                    break
         if accepted and final == 0.0:
             final = ev.error(switch_of(accepted))
     report.evaluations = ev.runs

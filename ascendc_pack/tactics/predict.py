@@ -20,6 +20,8 @@ A candidate's time is a roofline with a fixed cost per call::
 * a bfloat16 candidate (``*_bf16``, ``--precision``) runs its library's inner loops
   :func:`bf16_speedup` times faster and pays its conversions: the activations read in float32 and
   written in bfloat16, the result read in bfloat16 and written in float32 (6 bytes per element each);
+  an int8 one (``*_int8``) :func:`int8_speedup` times faster, paying the quantization of its input
+  (read float32, write uint8: 5 bytes per element; its result is float32 already);
 * extra passes over memory: the epilogue ATen as captured runs as one more fused kernel (read and
   write the output, read a residual), a channels_last candidate's relayout of an NCHW input, the
   weight ATen's channels_last convolution reorders on every call, the scores the unfused attention
@@ -97,15 +99,33 @@ def bf16_speedup() -> float:
     return 4.0 if "amx_bf16" in flags else 2.0 if {"avx512_bf16", "bf16"} & flags else 1.0
 
 
+def int8_speedup() -> float:
+    """How much faster int8 inner loops run than float32 ones here: 8 with AMX-INT8 tiles (oneDNN's
+    int8 3x3 convolutions and GEMMs measured 1.5-2x its bfloat16 ones on AMX, 2026-12-06), 4 with
+    VNNI dot products (four int8 products per float32 lane), 1 else."""
+    from ascendc_pack.toolchain.compiler import host_cpu_flags
+
+    flags = set(host_cpu_flags())
+    return 8.0 if "amx_int8" in flags else 4.0 if {"avx512_vnni", "avx_vnni"} & flags else 1.0
+
+
+def _base(name: str) -> str:
+    """A candidate's library name without its precision suffix (``onednn_cl_bf16`` -> ``onednn_cl``)."""
+    return name.removesuffix("_bf16").removesuffix("_int8")
+
+
 def _roofline(name: str, flops: float, nbytes: float, target: CpuTarget) -> float:
-    low = name.endswith("_bf16")
-    rate = RATES.get(name.removesuffix("_bf16"), RATES["aten"])
-    eff = rate.efficiency * (bf16_speedup() if low else 1.0)
-    return rate.fixed_us + max(flops / (peak_flops_per_us(target) * eff), nbytes / bytes_per_us(target))
+    rate = RATES.get(_base(name), RATES["aten"])
+    speedup = bf16_speedup() if name.endswith("_bf16") else int8_speedup() if name.endswith("_int8") else 1.0
+    return rate.fixed_us + max(flops / (peak_flops_per_us(target) * rate.efficiency * speedup),
+                               nbytes / bytes_per_us(target))
 
 
-def _conversions(name: str, elems: float, target: CpuTarget) -> float:
-    """The float32 <-> bfloat16 conversions of a bfloat16 candidate over ``elems`` elements."""
+def _conversions(name: str, elems: float, target: CpuTarget, x_elems: float = 0.0) -> float:
+    """The float32 <-> bfloat16 conversions of a bfloat16 candidate over ``elems`` elements, the
+    quantization of an int8 candidate's ``x_elems`` inputs."""
+    if name.endswith("_int8"):
+        return 5.0 * x_elems / bytes_per_us(target)
     return 6.0 * elems / bytes_per_us(target) if name.endswith("_bf16") else 0.0
 
 
@@ -114,7 +134,7 @@ def _epilogue_passes(desc: dict, name: str) -> float:
     epi = desc.get("epilogue") or {}
     if not (epi.get("affine") or epi.get("binary") or epi.get("unary")):
         return 0.0
-    name = name.removesuffix("_bf16")
+    name = _base(name)
     if name in ("aten", "unfused"):
         return 2.0 + (1.0 if epi.get("binary") else 0.0)   # one fused kernel: read y (+ other), write out
     if name == "mkl":
@@ -130,7 +150,7 @@ def linear_us(desc: dict, name: str, target: CpuTarget) -> float:
     out = m * n * F32
     nbytes = (m * k + k * n + n) * F32 + out
     return (_roofline(name, 2.0 * m * k * n, nbytes, target) + _epilogue_passes(desc, name) * out / bytes_per_us(target)
-            + _conversions(name, m * k + m * n, target))
+            + _conversions(name, m * k + m * n, target, m * k))
 
 
 def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
@@ -140,7 +160,7 @@ def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
     kh, kw = desc["kernel"]
     oh, ow = (_out(s, k, st, p, d) for s, k, st, p, d in zip((h, w), (kh, kw), desc.get("stride", (1, 1)),
                                                              desc.get("padding", (0, 0)), desc.get("dilation", (1, 1))))
-    low = name.endswith("_bf16")
+    low = name != _base(name)
     x_bytes, out = n * c * h * w * F32, n * o * oh * ow * F32
     w_bytes = o * (c // groups) * kh * kw * F32
     flops = 2.0 * n * o * oh * ow * (c // groups) * kh * kw
@@ -151,9 +171,9 @@ def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
     if (groups > 1 and c // groups == 1) or (groups == 1 and kh == kw == 1):
         t *= LIBRARY_CONV
     bw = bytes_per_us(target)
-    t += _epilogue_passes(desc, name) * out / bw + _conversions(name, (x_bytes + out) / F32, target)
+    t += _epilogue_passes(desc, name) * out / bw + _conversions(name, (x_bytes + out) / F32, target, x_bytes / F32)
     entry = desc.get("position", "entry") == "entry" and desc.get("layout", "contiguous") != "channels_last"
-    name = name.removesuffix("_bf16")
+    name = _base(name)
     if name == "aten_cl" and entry:
         t += 2.0 * x_bytes / bw                                # relayout of the NCHW input
     if name == "onednn_cl" and entry and not low:

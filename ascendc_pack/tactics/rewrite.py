@@ -355,7 +355,8 @@ def is_captured(t) -> bool:
     return t.family == "dispatch" and t.name == CAPTURED.get(t.kind)
 
 
-def candidates_for(s: TacticStep, topn: int, target=None, precisions: tuple[str, ...] = ()) -> list[T.Tactic]:
+def candidates_for(s: TacticStep, topn: int, target=None, precisions: tuple[str, ...] = (),
+                   x_range: tuple[float, float] | None = None) -> list[T.Tactic]:
     """The candidates of a tactic step, at most ``topn`` plus the as-captured one.
 
     A convolution inside a chain gets the channels_last candidates that read channels_last input
@@ -367,7 +368,8 @@ def candidates_for(s: TacticStep, topn: int, target=None, precisions: tuple[str,
     is always there (appended when the cap cut it): it is the fallback of a candidate that fails
     verification (docs/TACTICS.md "Candidate order"). ``precisions`` (``("bf16",)``) adds the
     low-precision candidates of those precisions after them (:mod:`ascendc_pack.tactics.dispatch.lowp`;
-    a convolution's: those of its chain position), at most ``topn`` each."""
+    a convolution's: those of its chain position), at most ``topn`` each; int8 ones need
+    ``x_range``, the step's input range on the calibration inputs."""
     from ascendc_pack.tactics.dispatch.lowp import low_precision_tactics
 
     step = T.step_from_json(s.desc)
@@ -377,15 +379,16 @@ def candidates_for(s: TacticStep, topn: int, target=None, precisions: tuple[str,
             inner = dataclasses.replace(step, layout=CL)
             by_name = {t.name: t for t in T.candidates(inner)}
             order = ["onednn_cl", "aten_cl"]
-            low = [t for t in low_precision_tactics(inner, precisions) if t.name == "onednn_cl_bf16"]
+            low = [t for t in low_precision_tactics(inner, precisions, x_range)
+                   if t.name in ("onednn_cl_bf16", "onednn_int8")]
         else:
             by_name = {t.name: t for t in T.candidates(step)}
             order = ["onednn", "onednn_cl", "aten_cl"]
-            low = low_precision_tactics(step, precisions)
+            low = low_precision_tactics(step, precisions, x_range)
         cands = [T.candidates(step)[0]] + [by_name[n] for n in order if n in by_name]
     else:
         cands = T.candidates(step)
-        low = low_precision_tactics(step, precisions)
+        low = low_precision_tactics(step, precisions, x_range)
     low = [t for t in low if not T.unreachable_ops(t)]
     if target is not None:
         from ascendc_pack.tactics.predict import by_prediction
@@ -394,7 +397,10 @@ def candidates_for(s: TacticStep, topn: int, target=None, precisions: tuple[str,
         low = [t for _, t in by_prediction(s.tactic_kind, s.desc, low, target)]
     kept = cands[:max(1, topn)]
     kept += [t for t in cands[len(kept):] if is_captured(t)]
-    return kept + low[:max(1, topn)]
+    by_precision: dict[str, list[T.Tactic]] = {}
+    for t in low:
+        by_precision.setdefault(t.param("precision"), []).append(t)
+    return kept + [t for ts in by_precision.values() for t in ts[:max(1, topn)]]
 
 
 def in_layout_chain(t: T.Tactic) -> bool:

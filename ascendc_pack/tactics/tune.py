@@ -61,6 +61,7 @@ from ascendc_pack.kernels.target import host_fingerprint
 from ascendc_pack.ir.program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import compile_kernel_tactics, plan_kernel_tactics, planned_total
+from ascendc_pack.tactics.calibrate import activation_ranges
 from ascendc_pack.tactics.decide import (TacticChoice, TacticResult, chain_decision, low_check, measured, median,
                                          offered_precisions, order_by_prediction, pick_by_precision, predicted,
                                          synthetic_env)
@@ -89,11 +90,14 @@ class TacticTuner:
     kernel), cache directory, cores; ``compile_epilogue``: build candidate 0's epilogue as a fused
     kernel for its timing; ``gemm``: offer the generated GEMM, convolution and attention kernels
     (timed on the graph's task pool, :mod:`ascendc_pack.autotune.timing_pool`; tests switch both off to
-    stay fast; then candidate 0 is timed with the epilogue as ATen ops). :meth:`close` stops the verification sandbox of the generated kernels' candidates.
+    stay fast; then candidate 0 is timed with the epilogue as ATen ops); ``calibration``: the input
+    sets whose activation ranges give the int8 candidates their scales (:mod:`~ascendc_pack.tactics.calibrate`).
+    :meth:`close` stops the verification sandbox of the generated kernels' candidates.
     """
 
     def __init__(self, model: ModelProgram, weights: dict[str, torch.Tensor], config: BuildConfig,
-                 protocol: Protocol = Protocol(), compile_epilogue: bool = True, gemm: bool = True):
+                 protocol: Protocol = Protocol(), compile_epilogue: bool = True, gemm: bool = True,
+                 calibration: list | None = None):
         self.model = model
         self.weights = weights
         self.config = config
@@ -110,9 +114,11 @@ class TacticTuner:
         firsts = {}
         target = _target(config) if self.instances else None
         self.offered, self.not_offered = offered_precisions(config)
+        # int8 candidates quantize with scales calibrated on the input sets' activation ranges
+        ranges = activation_ranges(model, weights, calibration or []) if "int8" in self.offered else {}
         for s in self.instances:
             if s.name not in self.choices:
-                cands = candidates_for(s, config.topn, target, self.offered)
+                cands = candidates_for(s, config.topn, target, self.offered, ranges.get(s.name))
                 ch = TacticChoice(s.name, s.tactic_kind, s.desc, cands, [])
                 ch.captured = next(i for i, t in enumerate(cands) if is_captured(t))
                 ch.predicted_us = [predict_us(s.tactic_kind, s.desc, t.name, target) for t in cands]

@@ -15,7 +15,8 @@ import torch
 from ascendc_pack.tactics.dispatch.spec import Call, Dtype, MemoryFormat, Ref, Tactic
 
 # A CPU tensor reaches an op through one of these dispatch keys' kernels.
-CPU_KEYS = ("CPU", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+CPU_KEYS = ("CPU", "MkldnnCPU", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+"""Dispatch keys of a CPU kernel (``MkldnnCPU``: ops on oneDNN-packed weights, e.g. ``onednn::qconv2d_pointwise``)."""
 
 
 class TacticError(RuntimeError):

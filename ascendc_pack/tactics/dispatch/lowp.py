@@ -35,16 +35,18 @@ from ascendc_pack.tactics.dispatch.attention import AttentionStep, flash_applies
 from ascendc_pack.tactics.dispatch.conv import ConvStep, _folded, _geometry, _replaces
 from ascendc_pack.tactics.dispatch.epilogue import aten_calls, onednn_unary
 from ascendc_pack.tactics.dispatch.gemm import LinearStep, _build_weights, _inputs, onednn_supports
+from ascendc_pack.tactics.dispatch.int8 import conv_int8_tactic, int8_feature, linear_int8_tactic, quant_params
 from ascendc_pack.tactics.dispatch.spec import Call, Dtype, MemoryFormat, Prepack, Ref, Tactic
 
 NATIVE = "fp32"
-LOW = ("bf16",)
-"""The low precisions candidates exist for (int8: not yet, docs/PRECISION.md)."""
-STEP_TOLERANCE = {"bf16": 2e-2}
+LOW = ("bf16", "int8")
+"""The low precisions candidates exist for (int8: :mod:`ascendc_pack.tactics.dispatch.int8`)."""
+STEP_TOLERANCE = {"bf16": 2e-2, "int8": 5e-2}
 """The relative error (``||y - ref|| / ||ref||``) one low-precision candidate may have against its
 step's float32 reference on the real arguments: bfloat16 keeps 8 significant bits (a relative
 rounding of 2^-9 = 0.2 % per operand; a GEMM step measures 0.2-0.3 %), so 2 % flags a broken
-candidate, not rounding."""
+candidate, not rounding; int8 rounds to 1/255 of the calibrated range (a GEMM or convolution step
+on normal activations measures 0.6-0.9 %), so 5 %."""
 BF16 = Dtype("bfloat16")
 F32 = Dtype("float32")
 
@@ -52,6 +54,11 @@ F32 = Dtype("float32")
 def precision_of(t) -> str:
     """The precision a tactic computes its heavy op in (``fp32``: the step's own dtype)."""
     return t.param("precision", NATIVE) if hasattr(t, "param") else NATIVE
+
+
+def features(precision: str, flags: set[str]) -> str | None:
+    """The CPU feature a ``precision`` step needs on a host with ``flags`` (None: none there)."""
+    return {"bf16": bf16_feature, "int8": int8_feature}.get(precision, lambda _: None)(flags)
 
 
 def bf16_feature(flags: set[str]) -> str | None:
@@ -157,19 +164,24 @@ def attention_bf16_tactic(step: AttentionStep) -> Tactic | None:
                   _params(flash))
 
 
-def low_precision_tactics(step, precisions) -> list[Tactic]:
-    """The low-precision candidates of ``step`` for ``precisions`` (``bf16``) that apply to it."""
-    if "bf16" not in precisions or getattr(step, "dtype", "float32") != "float32":
+def low_precision_tactics(step, precisions, x_range: tuple[float, float] | None = None) -> list[Tactic]:
+    """The low-precision candidates of ``step`` for ``precisions`` (``bf16``, ``int8``) that apply
+    to it; int8 ones need ``x_range``, the step's calibrated input range ``(lo, hi)``."""
+    if getattr(step, "dtype", "float32") != "float32":
         return []
-    if step.kind == "linear":
-        return [linear_bf16_tactic(step)]
-    if step.kind == "conv":
-        return [conv_bf16_tactic(step, "contiguous"), conv_bf16_tactic(step, "channels_last")]
-    if step.kind == "attention":
-        t = attention_bf16_tactic(step)
-        return [t] if t is not None else []
-    return []
+    out: list[Tactic] = []
+    if "bf16" in precisions:
+        if step.kind == "linear":
+            out.append(linear_bf16_tactic(step))
+        elif step.kind == "conv":
+            out += [conv_bf16_tactic(step, "contiguous"), conv_bf16_tactic(step, "channels_last")]
+        elif step.kind == "attention" and (t := attention_bf16_tactic(step)) is not None:
+            out.append(t)
+    if "int8" in precisions and x_range is not None and step.kind in ("linear", "conv"):
+        q = quant_params(*x_range)
+        out.append(linear_int8_tactic(step, q) if step.kind == "linear" else conv_int8_tactic(step, q))
+    return out
 
 
-__all__ = ["NATIVE", "LOW", "STEP_TOLERANCE", "precision_of", "bf16_feature", "bf16_offered",
+__all__ = ["NATIVE", "LOW", "STEP_TOLERANCE", "precision_of", "features", "bf16_feature", "bf16_offered",
            "linear_bf16_tactic", "conv_bf16_tactic", "attention_bf16_tactic", "low_precision_tactics"]
