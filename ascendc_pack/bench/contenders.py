@@ -24,6 +24,10 @@ bundleN_bf16       the ``.ascpack`` built with ``--topn N --precision bf16`` (de
                    peer is the fastest contender computing in the precision it ended up in
 bundleN_ftz        the ``.ascpack`` built with ``--topn N --flush-denormals`` (denormals flushed to zero,
                    as OpenVINO always does; float32 otherwise)
+ort_int8           ONNX Runtime on the ONNX model statically quantized by ``onnxruntime.quantization``
+                   (QDQ, int8 weights per channel, uint8 activations, MinMax calibration on the model
+                   file's example and calibration inputs: the same inputs ``--precision int8`` calibrates on)
+bundleN_int8       the ``.ascpack`` built with ``--topn N --precision int8`` (default accuracy budget)
 =================  ==========================================================================
 """
 
@@ -70,6 +74,9 @@ CONTENDERS = (
     Kind("bundleN", ".ascpack --topn {n}", "bundleN", bundle=True),
     Kind("bundleN_bf16", ".ascpack --topn {n} --precision bf16", "bundleN_bf16", bundle=True, precision="default"),
     Kind("bundleN_ftz", ".ascpack --topn {n} --flush-denormals", "bundleN_ftz", bundle=True, default=False),
+    Kind("ort_int8", "ONNX Runtime int8 (static)", "onnx_int8", precision="int8", default=False),
+    Kind("bundleN_int8", ".ascpack --topn {n} --precision int8", "bundleN_int8", bundle=True, precision="default",
+         default=False),
 )
 BY_ID = {k.cid: k for k in CONTENDERS}
 #: contender ids in report order
@@ -125,7 +132,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     extra: dict = {}
-    if kind in ("aoti", "onnx", "openvino"):
+    if kind in ("aoti", "onnx", "onnx_int8", "openvino"):
         loaded = load_model_file(model_file)
         module, inputs = loaded.module, tuple(t.clone() for t in loaded.example_inputs)
         t0 = time.perf_counter()
@@ -141,20 +148,24 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                 ov_model = ov.convert_model(module, example_input=inputs)
                 # weights stay float32 (save_model compresses them to float16 by default)
                 ov.save_model(ov_model, str(path), compress_to_fp16=False)
+            elif kind == "onnx_int8":
+                path = out / f"{loaded.name}{tag}.int8.onnx"
+                _ort_quantize(module, inputs, loaded.all_input_sets, path)
             else:
                 path = out / f"{loaded.name}{tag}.onnx"
                 torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
         seconds = time.perf_counter() - t0
-    elif kind in ("bundle1", "bundleN", "bundleN_bf16", "bundleN_ftz"):
+    elif kind in ("bundle1", "bundleN", "bundleN_bf16", "bundleN_int8", "bundleN_ftz"):
         from ascendc_pack.pipeline import build_file
         from ascendc_pack.bench.kernels import choices_json
 
         n = 1 if kind == "bundle1" else topn
-        low, ftz = kind == "bundleN_bf16", kind == "bundleN_ftz"
-        path = out / f"{Path(model_file).stem}.topn{n}{'.bf16' if low else ''}{'.ftz' if ftz else ''}{tag}.ascpack"
+        low = {"bundleN_bf16": "bf16", "bundleN_int8": "int8"}.get(kind)
+        ftz = kind == "bundleN_ftz"
+        path = out / f"{Path(model_file).stem}.topn{n}{'.' + low if low else ''}{'.ftz' if ftz else ''}{tag}.ascpack"
         t0 = time.perf_counter()
         result = build_file(model_file, topn=n, output=path, cache_dir=cache_dir or str(out / f"cache-topn{n}"),
-                            precision="bf16" if low else None, flush_denormals=ftz)
+                            precision=low, flush_denormals=ftz)
         # like AOTInductor's compile and torch.compile's first call: without loading the model file
         seconds = time.perf_counter() - t0 - result.seconds.get("load", 0.0)
         if result.precision is not None:
@@ -293,7 +304,8 @@ class Contender:
             model = rt.load(artifact)
             self.precision = bundle_precision(model.contract)
             return lambda ins: (lambda: model(*ins))
-        if cid == "ort":
+        if cid in ("ort", "ort_int8"):
+            self.precision = BY_ID[cid].precision
             return _ort_binder(artifact, load_model_file(model_file).module, len(inputs))
         if cid in ("ov", "ov_f32"):
             bind, self.precision = _openvino_binder(artifact, f32=cid == "ov_f32")
@@ -350,6 +362,34 @@ def _ort_binder(artifact: str, module: torch.nn.Module, n_inputs: int, threads: 
         return lambda: sess.run(None, feed)
 
     return bind
+
+
+def _ort_quantize(module: torch.nn.Module, inputs: tuple, input_sets: list, path: Path) -> None:
+    """Export ``module`` to ONNX and quantize it statically to ``path`` (QDQ; int8 weights per
+    channel, uint8 activations; MinMax ranges over ``input_sets``), after ONNX Runtime's
+    recommended pre-processing (shape inference, graph optimization)."""
+    import tempfile
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32, pre = Path(tmp) / "model.onnx", Path(tmp) / "model.pre.onnx"
+        torch.onnx.export(module, inputs, str(fp32), dynamo=True, verbose=False)
+        quant_pre_process(str(fp32), str(pre))
+        import onnx
+
+        names = [i.name for i in onnx.load(str(pre), load_external_data=False).graph.input]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.sets = iter([dict(zip(names, (t.numpy() for t in s))) for s in input_sets])
+
+            def get_next(self):
+                return next(self.sets, None)
+
+        quantize_static(str(pre), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
 
 
 #: OpenVINO's ``INFERENCE_PRECISION_HINT`` element types -> the precision names of the reports

@@ -10,7 +10,8 @@ from ascendc_pack.errors import PackError
 INSTALL = "pip install 'ascendc-pack[bench]'"
 
 #: packages a contender needs beyond torch (ONNX export goes through onnxscript)
-NEEDS = {"ort": ("onnxruntime", "onnx", "onnxscript"), "ov": ("openvino",), "ov_f32": ("openvino",)}
+NEEDS = {"ort": ("onnxruntime", "onnx", "onnxscript"), "ort_int8": ("onnxruntime", "onnx", "onnxscript"),
+         "ov": ("openvino",), "ov_f32": ("openvino",)}
 #: packages the chart of bench/run_all.py needs
 CHART_NEEDS = ("matplotlib",)
 

@@ -174,7 +174,8 @@ def build(model_file, topn, output, cores, cache_dir, jobs, march, backend, emul
 @click.option("--cold-runs", default=5, show_default=True, type=int, help="Cold-start processes per artifact.")
 @click.option("--contenders", default=None,
               help="Comma-separated subset of eager,compile,compile_freeze,compile_ascendc,aoti,ort,ov_f32,ov,bundle1,bundleN,"
-                   "bundleN_bf16 (the default: all of these), and bundleN_ftz (built with --flush-denormals; on request).")
+                   "bundleN_bf16 (the default: all of these), and on request bundleN_ftz (built with --flush-denormals), "
+                   "ort_int8 (ONNX Runtime, static int8 quantization) and bundleN_int8 (--precision int8).")
 @click.option("--same-process", is_flag=True, help="Time every contender in this process (default: one process each).")
 @click.option("--contention", is_flag=True, help="Also time each contender with one core kept busy by another process.")
 @click.option("--busy-core", default=None, type=int, help="Pin the busy process to this core (default: not pinned).")

@@ -38,8 +38,9 @@ from ascendc_pack.tactics.dispatch.epilogue import aten_calls
 from ascendc_pack.tactics.dispatch.gemm import LinearStep, _build_weights, _inputs
 from ascendc_pack.tactics.dispatch.spec import Call, Dtype, Prepack, Ref, Tactic
 
-INT8_FEATURES = ("amx_int8", "avx512_vnni", "avx_vnni")
-"""CPU features that give int8 dot products with int32 accumulation (x86), best first."""
+INT8_FEATURES = ("avx512_vnni", "avx_vnni", "amx_int8")
+"""CPU features that give int8 dot products with int32 accumulation (x86); a bundle records the
+first the build host has (the one most hosts share: oneDNN uses AMX where it is, VNNI else)."""
 QUANT_OPS = ("onednn::qlinear_pointwise", "onednn::qconv2d_pointwise", "onednn::qlinear_prepack",
              "onednn::qconv_prepack")
 FUSED_UNARY = ("relu",)
