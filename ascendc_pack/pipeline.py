@@ -310,8 +310,9 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     ``output_names``: one name per output tensor (default: dict keys, namedtuple fields,
     ``output_<i>``). ``tactics``: give the heavy steps (GEMM, convolution, attention) candidate
     implementations timed by PGO (docs/TACTICS.md); False keeps them ATen as captured.
-    ``precision`` (``fp32`` / None: the model's own dtype; ``bf16``, ``auto``) offers low-precision
-    candidates of the heavy steps, chosen per step under ``accuracy_budget`` (the largest relative
+    ``precision`` (``fp32`` / None: the model's own dtype; ``bf16``, ``int8``, ``auto``) offers
+    low-precision candidates of the heavy steps (int8: activation scales calibrated on the example
+    and calibration inputs), chosen per step under ``accuracy_budget`` (the largest relative
     output error on the example and calibration inputs, default 1e-2; docs/PRECISION.md); the
     bundle's verification then compares by that budget. ``flush_denormals``: every call of the
     bundle flushes denormal floats to zero (much faster where a model makes them, e.g. a masked

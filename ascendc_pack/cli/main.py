@@ -110,10 +110,11 @@ def capture(model_file: str, as_json: bool, check: bool, atol, rtol) -> None:
 @click.option("--buckets", default=None, metavar="B1,B2,...",
               help="With --dynamic-batch: batch sizes to build and tune a static plan for (default: the example's); other sizes run the generic plan.")
 @click.option("--precision", default=None, type=click.Choice(["fp32", "bf16", "int8", "auto"]),
-              help="Precision of the heavy steps: fp32 = the model's own dtype (default); bf16 / auto add low-precision "
-                   "candidates, chosen per step under --accuracy-budget (docs/PRECISION.md).")
+              help="Precision of the heavy steps: fp32 = the model's own dtype (default); bf16 / int8 / auto (both) add "
+                   "low-precision candidates, chosen per step under --accuracy-budget; int8 scales are calibrated on "
+                   "the example and calibration inputs (docs/PRECISION.md).")
 @click.option("--accuracy-budget", default=None, metavar="E",
-              help="With --precision bf16/auto: the largest relative output error ||y - y_fp32|| / ||y_fp32|| allowed "
+              help="With --precision bf16/int8/auto: the largest relative output error ||y - y_fp32|| / ||y_fp32|| allowed "
                    "on the example and calibration inputs (default 0.01).")
 @click.option("--flush-denormals", is_flag=True, default=False,
               help="Run every call with denormal floats flushed to zero (FTZ/DAZ): much faster where a model makes "

@@ -14,7 +14,9 @@ epilogue become ATen steps of the program around it::
 
 The values between them are the same as inside the tactic, so the result is unchanged: the fuser
 only saves the passes (and, where nothing else reads the float32 ``x``, its producer writes
-bfloat16 alone).
+bfloat16 alone). An int8 step (:mod:`ascendc_pack.tactics.dispatch.int8`) is lowered the same
+way: its quantization (``mul``, ``round``, ``add``, ``clamp``, ``_to_copy(uint8)``) goes before
+it, into ``x``'s producer, and the epilogue after its op (which returns float32 itself) after it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Low-precision tactics: the heavy op in bfloat16 on oneDNN, opt-in (``--precision``).
+"""Low-precision tactics: the heavy op in bfloat16 on oneDNN (int8: :mod:`.int8`), opt-in (``--precision``).
 
 A float32 step's bfloat16 candidate converts what it reads, runs the heavy op in bfloat16 on a
 weight converted once, and converts its result back, so the graph around it stays float32::
