@@ -33,7 +33,7 @@ from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, R
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import from_lowered
 from ascendc_pack.tactics.families.registry import lowered_family
-from ascendc_pack.tactics.lower_casts import cancel_round_trips, split_casts
+from ascendc_pack.tactics.lower_casts import cancel_round_trips, fold_requantize, split_casts
 from ascendc_pack.tactics.rewrite import Constants, WeightSink, rewrite_cond
 
 
@@ -57,7 +57,7 @@ def lower_tactics(model: ModelProgram, weights: dict[str, torch.Tensor], decisio
     top = set(model.weights)
     program, _ = low.program(model.program, lambda n: (lambda: sink.tensors[n]) if n in top else None, "")
     if low.lowered:
-        program = _dead_steps_removed(cancel_round_trips(program))
+        program = fold_requantize(_dead_steps_removed(cancel_round_trips(program)))
     read = _reads(program)
     keep = [w for w in sink.order if w in read]
     program.inputs = keep + list(model.user_inputs)

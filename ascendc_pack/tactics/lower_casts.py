@@ -174,6 +174,73 @@ def split_casts(s: TacticStep, scope: str, values: dict) -> list:
     return [*before, lowered, *after]
 
 
+#: the quantization of an int8 step's input as lowered (:func:`~ascendc_pack.tactics.dispatch.int8.quantize_calls`)
+QUANTIZE_CHAIN = ("aten.mul.Scalar", "aten.round.default", "aten.add.Scalar", "aten.clamp.default",
+                  "aten._to_copy.default")
+#: positions of ``output_scale``, ``output_zero_point``, ``output_dtype`` in the quantized ops' arguments
+REQUANTIZE_ARGS = {"onednn::qlinear_pointwise": 7, "onednn::qconv2d_pointwise": 11}
+
+
+def _quantize_chain(value: str, readers: dict) -> list | None:
+    """The five AtenSteps quantizing ``value`` to uint8 when they are its only reader, one after the
+    other (each read by the next only), else None."""
+    chain, cur = [], value
+    for op in QUANTIZE_CHAIN:
+        rs = readers.get(cur, [])
+        if len(rs) != 1 or not isinstance(rs[0], AtenStep) or rs[0].op != op or rs[0].multi:
+            return None
+        chain.append(rs[0])
+        cur = rs[0].outputs[0]
+    cast = chain[-1]
+    if cast.kwargs.get("dtype") != torch.uint8 or set(cast.kwargs) - {"dtype", "memory_format"}:
+        return None
+    return chain
+
+
+def fold_requantize(p: Program) -> Program:
+    """An int8 step whose float32 result nothing but the quantization of another int8 step's input
+    reads (a convolution -> ReLU -> convolution, a GEMM -> GEMM) returns that uint8 operand itself:
+    oneDNN requantizes its int32 accumulators with the next step's scale and zero point
+    (``output_scale``, ``output_zero_point``, ``output_dtype=uint8``), so neither the float32 result
+    is written nor the quantization pass runs. oneDNN rounds once from the accumulators where the
+    chain rounded the float32 result: a value may differ by one quantization step at a tie, far
+    inside the budget the bundle is verified against."""
+    readers: dict[str, list] = {}
+    for s in p.steps:
+        for n in set(s.input_names()):
+            readers.setdefault(n, []).append(s)
+    dropped: set[int] = set()
+    steps = []
+    values = dict(p.values)
+    for s in p.steps:
+        if id(s) in dropped:
+            continue
+        if isinstance(s, TacticStep) and s.chosen is not None and lowered_family(s.chosen) == DISPATCH \
+                and s.outputs[0] not in p.outputs:
+            t = Tactic.from_json(s.chosen)
+            last = t.calls[-1]
+            chain = _quantize_chain(s.outputs[0], readers) if (
+                t.param("precision") == "int8" and last.op in REQUANTIZE_ARGS and t.output == last.out) else None
+            fmt = chain[-1].kwargs.get("memory_format") if chain else None
+            if chain and (fmt is None or (fmt == torch.channels_last and t.kind == "conv")):
+                i = REQUANTIZE_ARGS[last.op]
+                scale, zero_point = 1.0 / chain[0].args[1], int(chain[2].args[1])
+                args = last.args[:i] + (scale, zero_point, Dtype("uint8")) + last.args[i + 3:]
+                calls = t.calls[:-1] + (dataclasses.replace(last, args=args),)
+                new = dataclasses.replace(t, calls=calls, params=t.params + (("requantized", True),))
+                recorded = dict(s.values or {})
+                if t.output in recorded:
+                    y = recorded[t.output]
+                    recorded[t.output] = TensorSpec(tuple(y.shape), "uint8", y.stride)
+                values.pop(s.outputs[0], None)
+                for c in chain[:-1]:
+                    values.pop(c.outputs[0], None)
+                dropped.update(id(c) for c in chain)
+                s = dataclasses.replace(s, chosen=new.to_json(), outputs=[chain[-1].outputs[0]], values=recorded)
+        steps.append(s)
+    return dataclasses.replace(p, steps=steps, values=values)
+
+
 #: ops that move values without computing on them: a bfloat16 value goes through them unchanged
 DTYPE_AGNOSTIC = frozenset({
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
@@ -233,4 +300,4 @@ def cancel_round_trips(p: Program) -> Program:
     return dataclasses.replace(p, steps=steps, values=values)
 
 
-__all__ = ["DTYPE_AGNOSTIC", "cancel_round_trips", "core", "split_casts"]
+__all__ = ["DTYPE_AGNOSTIC", "cancel_round_trips", "core", "fold_requantize", "split_casts"]
