@@ -288,3 +288,43 @@ def test_cli_builds_int8(net, tmp_path):
                                   "-o", str(out), "--cache-dir", str(tmp_path / "c")])
     assert r.exit_code == 0, r.output
     assert "run in int8" in r.output and rt.read_manifest(out).precision.requested == "int8"
+
+
+CHAIN = """
+import torch
+from torch import nn
+
+
+def get_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).eval()
+
+
+def get_example_inputs():
+    return (torch.randn(64, 256, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_an_int8_step_feeding_only_the_next_int8_step_returns_its_uint8_operand(tmp_path, monkeypatch):
+    """GEMM -> ReLU -> GEMM, both in int8: the first returns the second's uint8 operand (oneDNN
+    requantizes), so the only quantization kernel left is the first GEMM's input; the bundle still
+    meets its budget against eager."""
+    if int8_offered() is not None:
+        pytest.skip(f"no int8 here: {int8_offered()}")
+    from ascendc_pack.frontend.loader import load_model_file
+
+    monkeypatch.setattr(P, "candidates", lambda tuner, decisions: [
+        (1.0, name, (ch.low["int8"],)) for name, ch in tuner.choices.items() if "int8" in ch.low])
+    (tmp_path / "chain.py").write_text(CHAIN)
+    loaded = load_model_file(tmp_path / "chain.py")
+    out = tmp_path / "chain.ascpack"
+    res = build(loaded.module, loaded.example_inputs, output=out, cache_dir=tmp_path / "c", jobs=2, protocol=FAST,
+                precision="int8", accuracy_budget=0.05)
+    assert res.precision.steps and set(res.precision.steps.values()) == {"int8"}
+    quantizing = [k.name for k in rt.read_manifest(out).kernels if "round" in k.name]
+    assert len(quantizing) == 1, quantizing
+    m = rt.load(out)
+    x = torch.randn(64, 256)
+    with torch.no_grad():
+        assert 0 < relative_error(loaded.module(x), m(x)) <= 0.05
+    m.close()
