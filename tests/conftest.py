@@ -32,7 +32,7 @@ SLOW_MODULES = {
     "test_serve_hostile", "test_tactic_pipeline", "test_pgo_verify", "test_tune", "test_cli", "test_gemm",
     "test_new_user", "test_threads", "test_verify", "test_ascendc_emu", "test_conv_kernels", "test_dwconv",
     "test_directconv", "test_winograd", "test_triton_server", "test_serve_batching", "test_dynamo",
-    "test_dynamo_examples", "test_runtime_wheel", "test_dynamic_shapes", "test_precision",
+    "test_dynamo_examples", "test_runtime_wheel", "test_dynamic_shapes", "test_precision", "test_int8",
 }
 """Modules of the whole suite left out of the quick subset (``pytest -m "not slow"``, README: about
 3.5 minutes on two workers against 16 for everything): parity through every candidate, end-to-end

@@ -364,6 +364,40 @@ def test_openvino_f32_and_default_in_worker_processes(write_model, tmp_path):
     assert "OpenVINO f32" in bench.format_report(r)
 
 
+LINEARS = """
+import torch
+
+def get_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)).eval()
+
+def get_example_inputs():
+    return (torch.randn(128, 512, generator=torch.Generator().manual_seed(0)),)
+
+def get_calibration_inputs():
+    return [(torch.randn(128, 512, generator=torch.Generator().manual_seed(1)),)]
+"""
+
+
+def test_onnxruntime_int8_and_the_int8_bundle_are_peers_at_int8(write_model, tmp_path):
+    """ONNX Runtime's static quantization (calibrated on the model file's inputs) and the
+    ``--precision int8`` bundle: each reports int8 with its error, and the bundle's best peer is
+    ONNX Runtime int8, not a float32 contender."""
+    _needs_ort()
+    from ascendc_pack.tactics.dispatch.int8 import int8_offered
+
+    if int8_offered() is not None:
+        pytest.skip(f"no int8 here: {int8_offered()}")
+    r = bench.bench_model(write_model(LINEARS), topn=1, contenders=["eager", "ort_int8", "bundleN_int8"], repeat=2,
+                          cold_runs=0, sample_ms=2, work_dir=tmp_path / "work", idle_bursts=0, log=lambda _: None)
+    ort8, b8 = _ok(r, "ort_int8"), _ok(r, "bundleN_int8")
+    assert ort8["precision"] == "int8" and ort8["artifact"].endswith(".int8.onnx") and 0 < ort8["rel_error"] < 0.25
+    assert b8["precision"] == "int8" and 0 < b8["rel_error"] <= 0.02
+    assert r["best_peer"]["bundleN_int8"]["peer"] == "ort_int8"
+    text = bench.format_report(r)
+    assert "ONNX Runtime int8 (static)" in text and "best int8 peer (ONNX Runtime int8 (static))" in text
+
+
 def test_example_against_bundle(tmp_path):
     """A real run on an example with the cheapest contenders: eager and the --topn 1 bundle."""
     r = bench.bench_model(EXAMPLES / "add_sum.py", topn=1, contenders=["eager", "bundle1"], repeat=3, idle_bursts=1,
