@@ -14,7 +14,7 @@ step by step:
   reference: a float32 candidate differs from it by float32 rounding, ~1e-6, three orders below a
   budget);
 * **gain**: per step name, (its chosen float32 candidate's time - its low-precision candidate's
-  time) x its uses, PGO medians when timed (``--topn`` > 1), the cost model's predictions at
+  time, plus for int8 the passes PGO does not time) x its uses, PGO medians when timed (``--topn`` > 1), the cost model's predictions at
   ``--topn 1``; only steps that gain, that every run reached (an unreached step's error is not on
   the calibration inputs) and, for a convolution, whose chain runs channels_last (the
   low-precision convolutions return channels_last) are candidates;
@@ -176,6 +176,17 @@ def _time(ch, i: int) -> float | None:
     return ch.predicted_us[i] if i < len(ch.predicted_us) else None
 
 
+def _unseen(tuner, ch, i: int) -> float:
+    """µs a low-precision candidate costs the bundle beyond its timed core: an int8 one's input
+    quantization and unfused epilogue (:func:`~ascendc_pack.tactics.predict.int8_passes_us`)."""
+    target = getattr(tuner, "target", None)
+    if precision_of(ch.candidates[i]) != "int8" or target is None:
+        return 0.0
+    from ascendc_pack.tactics.predict import int8_passes_us
+
+    return int8_passes_us(ch.kind, ch.desc, target)
+
+
 def candidates(tuner, decisions: dict[int, int]) -> list[tuple[float, str, tuple[int, ...]]]:
     """``[(gain µs, step name, low-precision candidate indices), ...]`` by gain, largest first;
     a step's indices are its low-precision candidates that gain (one per precision: ``bf16``,
@@ -194,7 +205,8 @@ def candidates(tuner, decisions: dict[int, int]) -> list[tuple[float, str, tuple
         native_t = [_time(ch, i) for i in natives]
         if any(t is None for t in native_t):
             continue
-        options = sorted((sum(native_t) - t * len(uses), i) for i in ch.low.values() if (t := _time(ch, i)) is not None)
+        options = sorted((sum(native_t) - (t + _unseen(tuner, ch, i)) * len(uses), i) for i in ch.low.values()
+                         if (t := _time(ch, i)) is not None)
         gaining = [(g, i) for g, i in reversed(options) if g > 0]
         if gaining:
             out.append((gaining[0][0], name, tuple(i for _, i in gaining)))

@@ -112,7 +112,7 @@ class TacticTuner:
         self._pool: int | None = None  # the graph's task pool generated kernels are timed on
         self._compiled = False
         firsts = {}
-        target = _target(config) if self.instances else None
+        target = self.target = _target(config) if self.instances else None
         self.offered, self.not_offered = offered_precisions(config)
         # int8 candidates quantize with scales calibrated on the input sets' activation ranges
         ranges = activation_ranges(model, weights, calibration or []) if "int8" in self.offered else {}
