@@ -232,6 +232,7 @@ def test_int8_build_stays_within_its_budget_and_records_it(built):
     assert kinds == {"linear", "conv"}
     assert all(c.ok for c in res.verification)
     assert "int8 requested, accuracy budget 0.05" in res.summary()
+    assert "int8 scales come from 2 calibration input set(s)" in res.summary()   # few sets: said so
     m = rt.read_manifest(out)
     assert m.precision.computes == "int8" and m.precision.requires and set(m.precision.requires) <= set(m.target.isa)
     ops = set(m.graph.aten_ops or {})

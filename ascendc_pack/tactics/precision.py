@@ -46,6 +46,8 @@ log = logging.getLogger("ascendc_pack")
 
 METRIC = "relative_l2"
 """The budget's metric: max over outputs and calibration input sets of ``||y - y_ref|| / ||y_ref||``."""
+FEW_SETS = 4
+"""Below this many calibration input sets an int8 build says its scales may not cover other inputs."""
 MAX_EVALUATIONS = 24
 """Model runs (per input set) the search may spend beyond the first one."""
 
@@ -100,6 +102,10 @@ class PrecisionReport:
                     f"{self.budget:g} ({self.evaluations} model evaluations)")
         else:
             body = f"every step stays float32: {self.note or 'no low-precision step was chosen'}"
+        if "int8" in self.steps.values() and self.input_sets < FEW_SETS:
+            body += (f"\nint8 scales come from {self.input_sets} calibration input set(s): inputs beyond their ranges "
+                     "saturate, so other inputs can cost more than the budget (run --check measures it); define "
+                     "get_calibration_inputs() in the model file with inputs like the ones it will serve")
         return head + "\n" + body
 
     def to_json(self) -> dict:
