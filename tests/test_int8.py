@@ -329,3 +329,21 @@ def test_an_int8_step_feeding_only_the_next_int8_step_returns_its_uint8_operand(
     with torch.no_grad():
         assert 0 < relative_error(loaded.module(x), m(x)) <= 0.05
     m.close()
+
+
+def test_the_search_charges_int8_the_passes_pgo_does_not_time():
+    """The input's quantization always; an epilogue the quantized op cannot fuse (SiLU, a residual
+    add) over the float32 result too; nothing for attention (no int8 candidate)."""
+    from ascendc_pack.kernels.target import CpuTarget
+    from ascendc_pack.tactics.predict import int8_passes_us
+
+    target = CpuTarget.detect(2, "native")
+    conv = T.ConvStep(x_shape=(1, 16, 112, 112), out_channels=96, kernel=(1, 1)).to_json()
+    relu = {**conv, "epilogue": {"affine": True, "binary": None, "unary": "relu"}}
+    silu = {**conv, "epilogue": {"affine": True, "binary": None, "unary": "silu"}}
+    assert 0 < int8_passes_us("conv", conv, target) == int8_passes_us("conv", relu, target) \
+        < int8_passes_us("conv", silu, target)
+    lin = T.LinearStep(m=128, k=256, n=512).to_json()
+    assert int8_passes_us("linear", lin, target) < int8_passes_us(
+        "linear", {**lin, "epilogue": {"affine": False, "binary": "add", "unary": None}}, target)
+    assert int8_passes_us("attention", {}, target) == 0.0
