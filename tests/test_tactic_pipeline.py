@@ -255,8 +255,8 @@ def _tuned_with_a_wrong_candidate(tmp_path, monkeypatch, topn: int, first: bool)
     (``first``: as candidate 0, else last), after one run."""
     real = tactic_tune.candidates_for
 
-    def with_a_wrong_one(step, topn, target=None, precisions=()):
-        cands = real(step, topn, target, precisions)
+    def with_a_wrong_one(step, topn, target=None, precisions=(), x_range=None):
+        cands = real(step, topn, target, precisions, x_range)
         if step.tactic_kind == "linear":
             desc = T.step_from_json(step.desc)
             wrong = T.gemm.onednn_tactic(dataclasses.replace(desc, epilogue=T.Epilogue(unary="sigmoid")))
