@@ -197,6 +197,18 @@ def test_attention_with_an_eval_mode_dropout_before_the_values_is_one_step():
     assert [t.tactic_kind for t in elided if isinstance(t, TacticStep)] == ["attention"]
 
 
+def test_attention_whose_keys_are_transposed_in_one_permute_is_one_step():
+    """timm's LeViT: ``k.permute(0, 2, 3, 1)`` of [B, S, H, E] keys is Kᵀ in one view; split into
+    heads + transpose, the attention (with its bias) is one step reading the keys [B, H, S, E]."""
+    def f(s, q, k, v, bias):
+        return torch.softmax(q.permute(0, 2, 1, 3) @ k.permute(0, 2, 3, 1) * 0.25 + bias, -1) @ v
+    q, k = torch.randn(2, 16, 4, 8), torch.randn(2, 16, 4, 8)
+    inputs = (q, k, torch.randn(2, 4, 16, 8), torch.randn(4, 16, 16))
+    res, (s,) = _pass(Fn(f), *inputs)
+    assert s.tactic_kind == "attention" and s.desc["mask"] == "float" and s.desc["scale"] == pytest.approx(0.25)
+    assert tuple(res.model.program.values[s.bind["k"]].shape) == (2, 4, 16, 8)   # (_pass: same result as eager)
+
+
 def test_batchnorm_residual_relu_chain_and_derived_affine():
     bn = nn.BatchNorm2d(8)
     with torch.no_grad():

@@ -10,16 +10,19 @@ Capture leaves both ``scaled_dot_product_attention`` and the written-out chain a
     out = view(bmm(view(expand(p)), view(expand(v))), [B, H, L, Ev])
 
 The scale is ``a² · c``. K and V whose heads were repeated for grouped-query attention
-(``view(clone(expand(unsqueeze(k0, 2))))``) are taken back to ``k0`` (``kv_heads``).
+(``view(clone(expand(unsqueeze(k0, 2))))``) are taken back to ``k0`` (``kv_heads``). Kᵀ written
+as one ``permute(k, [0, 2, 3, 1])`` of [B, S, H, E] keys (timm's LeViT) is split first
+(:func:`split_key_permutes`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-from ascendc_pack.ir.program import AtenStep, Ref
+from ascendc_pack.ir.program import AtenStep, Program, Ref, TensorSpec
 
 NEG_INF = float("-inf")
 
@@ -285,3 +288,45 @@ def _safe_guard(mt, s: str, p: str, steps: list) -> bool:
         return False
     steps += [eq, n1, anyd, n2, full, where]
     return True
+
+
+KEYS_T = [0, 2, 3, 1]
+"""The permutation taking [B, S, H, E] keys straight to Kᵀ = [B, H, E, S]."""
+
+
+def split_key_permutes(p: Program) -> Program:
+    """``permute(x, [0, 2, 3, 1])`` read only by a matmul's ``expand`` (or a scaling ``mul``) ->
+    ``permute(permute(x, [0, 2, 1, 3]), [0, 1, 3, 2])``: the same view, in the two steps the
+    matcher knows (heads first, then the transpose), so the keys [B, H, S, E] are a value an
+    attention step can read. timm's LeViT writes its Kᵀ this way (22 ``bmm`` left in ATen)."""
+    readers: dict[str, list] = {}
+    for st in p.steps:
+        for n in st.input_names():
+            readers.setdefault(n, []).append(st)
+    steps, values = [], dict(p.values)
+    for st in p.steps:
+        if _keys_transposed(st, values, readers):
+            src, out = st.args[0].name, st.outputs[0]
+            spec = values[src]
+            heads = f"{out}__heads"
+            stride = spec.stride or tuple(torch.empty(spec.shape, device="meta").stride())
+            t = torch.empty_strided(spec.shape, stride, device="meta").permute(0, 2, 1, 3)
+            values[heads] = TensorSpec(tuple(t.shape), spec.dtype, tuple(t.stride()))
+            steps += [AtenStep("aten.permute.default", [Ref(src), [0, 2, 1, 3]], {}, [heads]),
+                      AtenStep("aten.permute.default", [Ref(heads), [0, 1, 3, 2]], {}, [out])]
+            continue
+        steps.append(st)
+    return dataclasses.replace(p, steps=steps, values=values) if len(steps) != len(p.steps) else p
+
+
+def _keys_transposed(st, values: dict, readers: dict) -> bool:
+    """``st`` is a ``permute(x, [0, 2, 3, 1])`` of a 4-D ``x`` read only by matmul ``expand`` /
+    scaling ``mul`` steps."""
+    if not (isinstance(st, AtenStep) and st.op == "aten.permute.default" and list(st.args[1]) == KEYS_T
+            and isinstance(st.args[0], Ref) and len(st.outputs) == 1):
+        return False
+    spec = values.get(st.args[0].name)
+    users = readers.get(st.outputs[0], [])
+    return spec is not None and len(spec.shape) == 4 and bool(users) and all(
+        isinstance(r, AtenStep) and r.op in ("aten.expand.default", "aten.mul.Scalar", "aten.mul.Tensor")
+        for r in users)

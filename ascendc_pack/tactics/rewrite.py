@@ -41,6 +41,7 @@ from ascendc_pack.cache import stable_hash
 from ascendc_pack.passes.fold import is_foldable
 from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, TacticStep, TensorSpec
 from ascendc_pack.tactics.match import Match, Matcher
+from ascendc_pack.tactics.match_attention import split_key_permutes
 
 log = logging.getLogger("ascendc_pack")
 
@@ -152,6 +153,7 @@ class _State:
     def program(self, p: Program, outer, scope: str, top: bool = False) -> tuple[Program, list[str]]:
         """``p`` with its matches replaced; also the model weights it now reads that are not its
         own inputs (added by the pass: the caller passes them in)."""
+        p = split_key_permutes(p)
         consts = Constants(p, outer)
         matches = Matcher(p, consts.__contains__).run()
         needs: list[str] = []
