@@ -14,8 +14,8 @@ step by step:
   reference: a float32 candidate differs from it by float32 rounding, ~1e-6, three orders below a
   budget);
 * **gain**: per step name, (its chosen float32 candidate's time - its low-precision candidate's
-  time, plus for int8 the passes PGO does not time) x its uses, PGO medians when timed (``--topn`` > 1), the cost model's predictions at
-  ``--topn 1``; only steps that gain, that every run reached (an unreached step's error is not on
+  time, plus for int8 the passes PGO does not time) x its uses, PGO medians when timed
+  (``--topn`` > 1), the cost model's predictions at ``--topn 1``; only steps that gain, that every run reached (an unreached step's error is not on
   the calibration inputs) and, for a convolution, whose chain runs channels_last (the
   low-precision convolutions return channels_last) are candidates;
 * **search** (:func:`choose`): the steps in order of gain; all of them first (one evaluation); if
@@ -81,7 +81,7 @@ class PrecisionReport:
     @property
     def requires(self) -> tuple[str, ...]:
         """CPU features the chosen low-precision steps need on the host (``avx512_bf16``,
-        ``amx_int8``...)."""
+        ``avx512_vnni``...)."""
         lows = sorted({p for p in self.steps.values() if p != NATIVE})
         if not lows:
             return ()

@@ -141,11 +141,8 @@ def int8_passes_us(kind: str, desc: dict, target: CpuTarget) -> float:
     if kind == "linear":
         x_elems, out_elems = desc["m"] * desc["k"], desc["m"] * desc["n"]
     elif kind == "conv":
-        n, _, h, w = desc["x_shape"]
-        kh, kw = desc["kernel"]
-        oh, ow = (_out(s, k, st, p, d) for s, k, st, p, d in zip((h, w), (kh, kw), desc.get("stride", (1, 1)),
-                                                                 desc.get("padding", (0, 0)), desc.get("dilation", (1, 1))))
-        x_elems, out_elems = math.prod(desc["x_shape"]), n * desc["out_channels"] * oh * ow
+        oh, ow = _out_hw(desc)
+        x_elems, out_elems = math.prod(desc["x_shape"]), desc["x_shape"][0] * desc["out_channels"] * oh * ow
     else:
         return 0.0
     epi = desc.get("epilogue") or {}
@@ -182,8 +179,7 @@ def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
     n, c, h, w = desc["x_shape"]
     o, groups = desc["out_channels"], desc.get("groups", 1)
     kh, kw = desc["kernel"]
-    oh, ow = (_out(s, k, st, p, d) for s, k, st, p, d in zip((h, w), (kh, kw), desc.get("stride", (1, 1)),
-                                                             desc.get("padding", (0, 0)), desc.get("dilation", (1, 1))))
+    oh, ow = _out_hw(desc)
     low = name != _base(name)
     x_bytes, out = n * c * h * w * F32, n * o * oh * ow * F32
     w_bytes = o * (c // groups) * kh * kw * F32
@@ -220,6 +216,13 @@ def attention_us(desc: dict, name: str, target: CpuTarget) -> float:
     if name == "unfused":  # scores written by the first bmm, read and written by softmax, read by the second
         t += 4.0 * b * h * lq * s * F32 / bytes_per_us(target)
     return t
+
+
+def _out_hw(desc: dict) -> tuple[int, int]:
+    """A convolution step's output height and width."""
+    return tuple(_out(s, k, st, p, d) for s, k, st, p, d in zip(
+        desc["x_shape"][2:], desc["kernel"], desc.get("stride", (1, 1)), desc.get("padding", (0, 0)),
+        desc.get("dilation", (1, 1))))
 
 
 def _out(size: int, k: int, stride: int, pad: int, dil: int) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from ascendc_pack.tactics.dispatch.conv import CL, ConvStep, _folded, _geometry, _replaces
+from ascendc_pack.tactics.dispatch.dispatcher import reachable
 from ascendc_pack.tactics.dispatch.epilogue import aten_calls
 from ascendc_pack.tactics.dispatch.gemm import LinearStep, _build_weights, _inputs
 from ascendc_pack.tactics.dispatch.spec import Call, Dtype, Prepack, Ref, Tactic
@@ -77,21 +78,12 @@ def int8_offered(flags: set[str] | None = None) -> str | None:
     from ascendc_pack.toolchain.compiler import host_cpu_flags
 
     flags = set(host_cpu_flags()) if flags is None else flags
-    if not torch.backends.mkldnn.is_available() or not all(_has_op(op) for op in QUANT_OPS):
+    if not torch.backends.mkldnn.is_available() or any(reachable(op) for op in QUANT_OPS):
         return f"this torch build ({torch.__version__}) has no oneDNN quantized linear / convolution"
     if int8_feature(flags) is None:
         return ("this CPU has no int8 dot product (AVX512_VNNI, AVX_VNNI or AMX-INT8): emulated int8 is slower "
                 "than float32")
     return None
-
-
-def _has_op(qualified: str) -> bool:
-    ns, _, name = qualified.partition("::")
-    try:
-        getattr(getattr(torch.ops, ns), name)
-        return True
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def _weight_calls(w: str, dims: tuple[int, ...], ndim: int) -> list[Call]:
