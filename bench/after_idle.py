@@ -28,9 +28,13 @@ from pathlib import Path
 
 POLICIES = {
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # the runtime's default
+    "pool_sleeps": {"OMP_WAIT_POLICY": "PASSIVE", "ASCENDC_PACK_POOL_SPIN_US": "0"},  # task pool without its short wait
     "spin3000": {"GOMP_SPINCOUNT": "3000"},  # a short spin: the team stays awake within a call
+    "spin10000": {"GOMP_SPINCOUNT": "10000"},
+    "omp_spin": {"GOMP_SPINCOUNT": "10000", "ASCENDC_PACK_TASK_POOL": "0"},  # one team: kernels on OpenMP too
     "pinned": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_CPU_AFFINITY": "0-1"},  # one thread per vCPU
     "ort": {"OMP_WAIT_POLICY": "PASSIVE"},  # ONNX Runtime, spinning off, as in the bench
+    "ov_f32": {"OMP_WAIT_POLICY": "PASSIVE"},  # OpenVINO float32 (its own TBB threads), as in the bench
 }
 
 
@@ -50,6 +54,10 @@ def child(model_file: str, bundle: str, ort_dir: str | None, policy: str, bursts
         from bundle_ab import _ort_runner
 
         fn = _ort_runner(model_file, ort_dir, loaded.module, ins)
+    elif policy == "ov_f32":
+        from bundle_ab import _ov_runner
+
+        fn = _ov_runner(model_file, ort_dir, ins)
     else:
         model = rt.load(bundle)
         fn = lambda: model(*ins)  # noqa: E731
@@ -81,7 +89,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_file")
     p.add_argument("bundle")
-    p.add_argument("--ort", default=None, help="also time ONNX Runtime; its .onnx is exported to this directory")
+    p.add_argument("--ort", default=None, help="also time ONNX Runtime and OpenVINO f32; their models are exported to this directory")
     p.add_argument("--policies", default="passive,spin3000,pinned", help="comma-separated: " + ",".join(POLICIES))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--bursts", type=int, default=12)
@@ -90,7 +98,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.model_file, args.bundle, args.ort, args.child, args.bursts)))
         return
-    policies = [x for x in args.policies.split(",") if x] + (["ort"] if args.ort else [])
+    policies = [x for x in args.policies.split(",") if x] + (["ort", "ov_f32"] if args.ort else [])
     unknown = [x for x in policies if x not in POLICIES]
     if unknown:
         p.error(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")

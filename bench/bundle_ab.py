@@ -46,6 +46,19 @@ def _ort_runner(model_file: str, out_dir: str, module, inputs, threads: int | No
     return _ort_binder(str(found[0]), module, len(inputs), threads)(list(inputs))
 
 
+def _ov_runner(model_file: str, out_dir: str, inputs):
+    """OpenVINO float32, as the bench's ``ov_f32`` contender runs it (the .xml is made in
+    ``out_dir`` on first use)."""
+    from ascendc_pack.bench.contenders import _openvino_binder, build_artifact
+
+    found = sorted(Path(out_dir).glob("*.xml")) if Path(out_dir).is_dir() else []
+    if not found:
+        build_artifact("openvino", model_file, out_dir)
+        found = sorted(Path(out_dir).glob("*.xml"))
+    bind, _ = _openvino_binder(str(found[0]), f32=True)
+    return bind(list(inputs))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_file")

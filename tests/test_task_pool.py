@@ -5,7 +5,8 @@ every task ran exactly once, that worker ids stay below the job's thread count a
 shared by two tasks running at once, that every task runs in its caller's floating-point mode
 (every other job's caller flushes denormals, ascendc_pack/fp_mode.h), that workers really take
 tasks, and that a second calling
-thread (the pool busy) and a forked child (no workers) still run every task. (That a caller
+thread (the pool busy) and a forked child (no workers) still run every task, whether workers stay
+awake between jobs (``ASCENDC_PACK_POOL_SPIN_US``) or sleep at once. (That a caller
 never waits for a worker to wake up is a timing property: bench/omp_wakeup.py, docs/DESIGN.md
 §4.8.)
 """
@@ -97,7 +98,8 @@ int main() {
   int status = 0;
   waitpid(pid, &status, 0);
   int child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  std::printf("{\"bad\": %d, \"by_workers\": %ld, \"child_ok\": %d}\n", bad, by_workers + other_workers, child_ok);
+  std::printf("{\"bad\": %d, \"by_workers\": %ld, \"child_ok\": %d, \"spin_us\": %lld}\n", bad,
+              by_workers + other_workers, child_ok, static_cast<long long>(TaskPool::spin_us()));
   return 0;
 }
 """
@@ -113,10 +115,22 @@ def driver(tmp_path_factory):
     return exe
 
 
-def test_every_task_runs_once_on_distinct_workers(driver):
-    import json
+# ASCENDC_PACK_POOL_SPIN_US: how long a worker stays awake after a job (unset: 200 us; 0: it
+# sleeps at once; not a count of microseconds: the default, which the pool says)
+SPIN = [(None, 200), ("0", 0), ("3000", 3000), ("fast", 200), ("-5", 200)]
 
-    res = json.loads(subprocess.run([str(driver)], check=True, capture_output=True, text=True, timeout=300).stdout)
+
+@pytest.mark.parametrize("spin,expected", SPIN, ids=[str(s) for s, _ in SPIN])
+def test_every_task_runs_once_on_distinct_workers(driver, spin, expected):
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "ASCENDC_PACK_POOL_SPIN_US"}
+    if spin is not None:
+        env["ASCENDC_PACK_POOL_SPIN_US"] = spin
+    out = subprocess.run([str(driver)], check=True, capture_output=True, text=True, timeout=300, env=env).stdout
+    res = json.loads(out)
+    assert res["spin_us"] == expected
     assert res["bad"] == 0  # every task once, worker ids in range and never shared at once
     assert res["by_workers"] > 0  # the workers took tasks, not only the caller
     assert res["child_ok"] == 1  # after fork(): every task on the calling thread

@@ -58,7 +58,7 @@ class Protocol:
     max_rounds: int = 41
     noise: float = 0.02            # relative gap under which the best two count as tied
     time_cap_s: float = 1.5
-    min_sample_us: float = 200.0   # a sample repeats the launch until it lasts this long
+    min_sample_us: float = 1000.0  # a sample repeats the launch until it lasts this long
     verify_timeout_s: float = 10.0  # a candidate's verification run may take this long (or longer
                                     # for slow references, see verify.TIMEOUT_PER_REFERENCE)
     max_wait_share: float = 0.05   # a sample whose threads waited for a core longer than this share

@@ -8,8 +8,13 @@
 // tasks a worker has claimed, never for a worker to wake up (the OpenMP barrier does: ~50 us per
 // region on an idle VM, bench/omp_wakeup.py) or to be scheduled again on a busy host.
 //
-// Workers sleep on a condition variable between jobs (no spinning: on a busy host a spinning
-// thread takes the core from the work that would wake it). One job at a time: a second caller
+// Between jobs a worker first stays awake for a short while (spin_us(): 200 us by default,
+// ASCENDC_PACK_POOL_SPIN_US in the environment; 0 sleeps at once), polling for the next job and
+// yielding its core to any other runnable thread on every poll, then sleeps on a condition
+// variable. Why: on a VM a sleeping vCPU halts, and waking it costs ~50 us (bench/omp_wakeup.py),
+// so a worker that slept between the kernels of one call joined each job ~50 us late (a 128x256x256
+// GEMM ran at one-thread speed); the caller never waits for a worker, and the poll yields, so on a
+// busy host the short wait costs other work almost nothing. One job at a time: a second caller
 // that finds the pool busy (another thread's graph call) runs its tasks on its own thread. After
 // fork() the child has no workers: jobs run on the calling thread. A worker computes a job in
 // its caller's floating-point mode (fp_mode.h: e.g. denormals flushed for the call).
@@ -20,8 +25,10 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -71,6 +78,8 @@ class TaskPool {
       mode_ = fp_mode();
       done_.store(0, std::memory_order_relaxed);
       next_.store(uint64_t(gen) << 32, std::memory_order_release);
+      caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
+      posted_.store(gen, std::memory_order_release);
     }
     cv_.notify_all();
     work(gen, 0, fn, ctx, ntasks);
@@ -84,6 +93,18 @@ class TaskPool {
         sched_yield();  // a worker holding a task was descheduled: let it run
       }
     }
+  }
+
+  // How long a worker stays awake after a job, in microseconds (ASCENDC_PACK_POOL_SPIN_US).
+  static int64_t spin_us() {
+    static const int64_t us = [] {
+      const char* env = std::getenv("ASCENDC_PACK_POOL_SPIN_US");
+      if (env == nullptr || *env == '\0') return int64_t(200);
+      char* end = nullptr;
+      long long v = std::strtoll(env, &end, 10);
+      return (end != nullptr && *end == '\0' && v >= 0) ? int64_t(v) : int64_t(200);
+    }();
+    return us;
   }
 
  private:
@@ -120,9 +141,42 @@ class TaskPool {
     }
   }
 
+  // A worker the scheduler put on the caller's CPU (a VM packs threads that were idle onto one
+  // vCPU) would only run the caller's tasks when the caller is preempted: move it to another
+  // allowed CPU (unpinned again at once, so the scheduler stays free to move it later).
+  void leave_callers_cpu() {
+    const int here = sched_getcpu();
+    if (here < 0 || here != caller_cpu_.load(std::memory_order_relaxed)) return;
+    cpu_set_t allowed, others;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+    others = allowed;
+    CPU_CLR(here, &others);
+    if (CPU_COUNT(&others) == 0 || sched_setaffinity(0, sizeof(others), &others) != 0) return;
+    sched_setaffinity(0, sizeof(allowed), &allowed);
+  }
+
+  // Poll for a job after `seen` for up to spin_us(), yielding the core on every poll.
+  void stay_awake(uint32_t seen) {
+    const int64_t us = spin_us();
+    if (us <= 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+    leave_callers_cpu();
+    while (posted_.load(std::memory_order_acquire) == seen) {
+      for (int i = 0; i < 32; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+      if (posted_.load(std::memory_order_acquire) != seen) return;
+      sched_yield();
+      if (std::chrono::steady_clock::now() >= until) return;
+    }
+  }
+
   void loop(int32_t index) {
     uint32_t seen = 0;
     for (;;) {
+      stay_awake(seen);
       ap_task_fn fn;
       void* ctx;
       int64_t ntasks;
@@ -138,6 +192,7 @@ class TaskPool {
         mode = mode_;
       }
       adopt_fp_mode(mode);
+      leave_callers_cpu();
       work(seen, index, fn, ctx, ntasks);
     }
   }
@@ -155,6 +210,8 @@ class TaskPool {
   uint64_t mode_ = 0;  // the caller's floating-point mode (fp_mode.h)
   std::atomic<uint64_t> next_{0};  // (generation << 32) | next unclaimed task
   std::atomic<int64_t> done_{0};   // tasks of the current job that have finished
+  std::atomic<uint32_t> posted_{0};  // gen_ of the newest job, read without mu_ by waking workers
+  std::atomic<int> caller_cpu_{-1};  // the CPU the newest job's caller ran on
 };
 
 }  // namespace ascendc_pack
