@@ -335,6 +335,10 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
     if out.is_dir():
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
+    if config.backend == "cpu":  # the host profile first: its OpenMP wake-up needs the other cores idle
+        from ascendc_pack.backends.registry import get_backend
+
+        get_backend(config.backend).target(config)
     interpreter = start_graph_runtime(config)  # model-independent: compiles while capture and kernels do
 
     def wait_for_interpreter():  # never compile while PGO times candidates (tactics, then kernels)

@@ -118,3 +118,22 @@ def test_large_kernels_keep_multi_thread_candidates_that_pay_off():
     assert multi and cands[0].candidate.block_dim == 2   # ~ms of work: two threads first
     assert all(t.est_us <= PAYOFF_MARGIN * single for t in multi)
     assert any(t.candidate.block_dim == 1 for t in propose(spec, Target(cores=2), topn=4))  # PGO still compares
+
+
+def test_the_cpu_target_charges_the_hosts_measured_wake_up(monkeypatch, tmp_path):
+    from ascendc_pack.backends.cpu import CpuBackend
+    from ascendc_pack.config import BuildConfig
+    from ascendc_pack.kernels import target as target_mod
+
+    # measured for real: a 2-thread OpenMP region after the team slept, under the runtime's policy
+    wake = target_mod._omp_wake_us()
+    assert 0.0 < wake < 1e5
+    # the build's fused-kernel cost model plans with what the host profile measured
+    profile = target_mod.HostProfile(ghz=2.0, mem_gbps=10.0, l2_gbps=50.0, source="test", omp_wake_us=61.5)
+    monkeypatch.setattr(target_mod.CpuTarget, "detect",
+                        staticmethod(lambda cores, march="native", **kw: target_mod.CpuTarget(cores=cores, profile=profile)))
+    t = CpuBackend().target(BuildConfig.resolve(cache_dir=tmp_path, cores=2))
+    assert t.parallel_overhead_us == 61.5 and t.mem_gbps_per_core == 10.0
+    # a profile kept before the wake-up was measured has a different key (PROFILE_VERSION) and is
+    # measured again; the fallback plans with the 8 µs the cost models were written with
+    assert target_mod.PROFILE_VERSION >= 2 and target_mod.FALLBACK.omp_wake_us == 8.0

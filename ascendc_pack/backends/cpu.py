@@ -38,7 +38,7 @@ class CpuBackend:
     def target(self, config: BuildConfig) -> Target:
         profile = CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir).profile
         return Target(cores=config.effective_cores, mem_gbps_per_core=profile.mem_gbps,
-                      cache_gbps_per_core=profile.l2_gbps)
+                      cache_gbps_per_core=profile.l2_gbps, parallel_overhead_us=profile.omp_wake_us)
 
     def unsupported(self, spec) -> str | None:
         return None  # the cpu generator expresses every fused kernel

@@ -8,7 +8,14 @@ measured on the build host once:
   with the build's ``g++ -march``; the best of 5 runs of ~5 ms);
 * ``mem_gbps``: one thread's streaming bandwidth, a copy of 64 MiB (bigger than any L3 here;
   read + write bytes over the best of 5 copies);
-* ``l2_gbps``: the same for a buffer of a quarter of the core's L2 (what stays in cache).
+* ``l2_gbps``: the same for a buffer of a quarter of the core's L2 (what stays in cache);
+* ``omp_wake_us``: what a 2-thread OpenMP region costs when its team has slept (the master
+  busy for 1 ms first; median of 41), under the wait policy the bundle will run with (the
+  runtime's ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets one): the fused kernels' cost
+  model charges it to every multi-thread candidate (``Target.parallel_overhead_us``). 6-8 µs on
+  the AMD build host, 50-80 µs on the Intel KVM guest of 2026-12-06, where waking a halted vCPU
+  is a hypervisor exit (a 2-thread elementwise kernel PGO timed at 80 µs against 7.7 µs on one
+  thread was the cost model's candidate 0 at ``--topn 1``).
 
 It is measured on first use (about 0.3 s: one small compile, then the loops) and kept in
 ``<cache>/ascendc/host_profile/<host>.json``, the host key being the CPU model, usable cores and
@@ -43,7 +50,7 @@ from ascendc_pack.toolchain.cxx import DEFAULT_CXX
 
 log = logging.getLogger("ascendc_pack")
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: omp_wake_us
 PROFILE_SUBDIR = Path("ascendc") / "host_profile"
 
 _FMA_SOURCE = r"""
@@ -83,15 +90,16 @@ class HostProfile:
     mem_gbps: float
     l2_gbps: float
     source: str = "fallback"
+    omp_wake_us: float = 8.0
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-FALLBACK = HostProfile(ghz=3.0, mem_gbps=20.0, l2_gbps=60.0, source="fallback")
+FALLBACK = HostProfile(ghz=3.0, mem_gbps=20.0, l2_gbps=60.0, source="fallback", omp_wake_us=8.0)
 """Used where nothing can be measured: an AVX2 desktop core (3 GHz of two FMA ports, 20 GB/s of
-one thread's memory stream, 60 GB/s from L2) - the numbers the cost models were first written
-with."""
+one thread's memory stream, 60 GB/s from L2, 8 µs to wake a team) - the numbers the cost models
+were first written with."""
 
 
 @dataclass(frozen=True)
@@ -216,15 +224,67 @@ def measure(march: str, lanes: int, l2: int) -> tuple[HostProfile, bool]:
         fma = _fma_per_ns(march, lanes)
         mem = _copy_gbps(64 << 20)
         cached = _copy_gbps(max(16 << 10, l2 // 4))
+        wake = _omp_wake_us() if cores > 1 else 0.0
     except (OSError, subprocess.SubprocessError, ValueError, RuntimeError) as exc:
         log.warning("could not measure the host profile (%s: %s); the cost models use the fallback rates "
                     "(%s)", type(exc).__name__, exc, FALLBACK)
         return FALLBACK, False
     quiet = max(load0, os.getloadavg()[0]) < cores / 2
     profile = HostProfile(ghz=round(fma / 2.0, 3), mem_gbps=round(mem, 2), l2_gbps=round(cached, 2),
-                          source=f"measured {time.strftime('%Y-%m-%d')} (load {load0:.1f})")
+                          source=f"measured {time.strftime('%Y-%m-%d')} (load {load0:.1f})",
+                          omp_wake_us=round(wake, 1))
     log.info("host profile: %s", profile)
     return profile, quiet
+
+
+_WAKE_SOURCE = r"""
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+int main(void) {
+  volatile int sink = 0;
+  double t[41];
+  for (int r = 0; r < 41; ++r) {
+    double until = now_us() + 1000.0;  /* the master busy, the team asleep (or spinning) */
+    while (now_us() < until) {
+    }
+    double t0 = now_us();
+#pragma omp parallel num_threads(2)
+    { sink += omp_get_thread_num(); }
+    t[r] = now_us() - t0;
+  }
+  qsort(t, 41, sizeof(double), cmp);
+  printf("%.3f %d\n", t[20], (int)sink);
+  return 0;
+}
+"""
+
+
+def _omp_wake_us() -> float:
+    """Microseconds of a 2-thread OpenMP region whose team slept (module docstring), run under
+    the wait policy bundles get: the environment's, else the runtime's ``PASSIVE``."""
+    from ascendc_pack_runtime.threads import POLICY, USER_VARIABLES
+
+    env = dict(os.environ)
+    if not any(v in env for v in USER_VARIABLES):
+        env.update(POLICY)
+    with tempfile.TemporaryDirectory(prefix="ascendc_pack_profile_") as d:
+        src, exe = Path(d) / "wake.c", Path(d) / "wake"
+        src.write_text(_WAKE_SOURCE)
+        subprocess.run([DEFAULT_CXX, "-x", "c++", "-O2", "-fopenmp", str(src), "-o", str(exe)], check=True,
+                       capture_output=True, timeout=60)
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60, env=env).stdout
+    return float(out.split()[0])
 
 
 def _fma_per_ns(march: str, lanes: int) -> float:

@@ -42,9 +42,11 @@ class Target:
 
     ``parallel_overhead_us`` (waking a sleeping team for one parallel region) and ``barrier_us``
     (one barrier inside a region) are libgomp's costs under ``OMP_WAIT_POLICY=PASSIVE``, the
-    runtime's policy: 6-8 µs and 3-5 µs for 2 threads on the 2-core build host, idle or with a
+    runtime's policy: 6-8 µs and 3-5 µs for 2 threads on the 2-core AMD build host, idle or with a
     core busy (``bench/omp_wakeup.py``; spinning makes them 0.4 µs on a quiet core and
-    milliseconds on a busy one, so the passive numbers are the ones to plan with)."""
+    milliseconds on a busy one, so the passive numbers are the ones to plan with). The build
+    measures the wake-up on its host (``HostProfile.omp_wake_us``: 50-80 µs on a KVM guest whose
+    idle vCPUs halt); 8 µs is the fallback."""
 
     cores: int
     l2_bytes: int = 1 << 20
