@@ -117,7 +117,7 @@ def driver(tmp_path_factory):
 
 # ASCENDC_PACK_POOL_SPIN_US: how long a worker stays awake after a job (unset: 200 us; 0: it
 # sleeps at once; not a count of microseconds: the default, which the pool says)
-SPIN = [(None, 200), ("0", 0), ("3000", 3000), ("fast", 200), ("-5", 200)]
+SPIN = [(None, 200), ("0", 0), ("3000", 3000), ("fast", 200), ("-5", 200), ("+5", 200)]
 
 
 @pytest.mark.parametrize("spin,expected", SPIN, ids=[str(s) for s, _ in SPIN])

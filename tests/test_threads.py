@@ -291,3 +291,15 @@ def test_the_graph_is_loaded_under_the_thread_cap(wide, tmp_path, monkeypatch):
     rt.load(built.bundle, cache_dir=tmp_path, threads=1).close()
     rt.load(built.bundle, cache_dir=tmp_path).close()
     assert seen == [1, 2] and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("value,expected", [(None, 200), ("0", 0), ("3000", 3000), ("fast", 200), ("-5", 200),
+                                            ("+5", 200), ("", 200)])
+def test_the_task_pool_wait_is_read_and_reported_as_the_pool_reads_it(value, expected):
+    from ascendc_pack_runtime.threads import pool_spin_us, pool_wait
+
+    env = {} if value is None else {"ASCENDC_PACK_POOL_SPIN_US": value}
+    assert pool_spin_us(env) == expected  # tests/test_task_pool.py checks task_pool.h on the same values
+    assert ("sleep between jobs" in pool_wait(env)) == (expected == 0)
+    assert f"stay awake {expected} µs" in pool_wait(env) or expected == 0
+    assert "task pool:" in apply_wait_policy({}, loaded=False).describe()

@@ -22,6 +22,12 @@ sets ``OMP_WAIT_POLICY=PASSIVE`` in ``os.environ`` (:func:`apply_wait_policy`), 
 The command-line entry points (``ascendc-pack ...``, ``python -m ascendc_pack_runtime ...``)
 import this package before anything imports torch, so they always run under the policy.
 
+**The graph's task pool** (``task_pool.h``, where generated GEMM, convolution and attention
+kernels run) keeps its workers awake for a short poll after each job, 200 µs unless
+``ASCENDC_PACK_POOL_SPIN_US`` says otherwise (0: they sleep at once), yielding the core on every
+poll (:func:`pool_wait`; docs/DESIGN.md §4.8 has the measurements: faster on an idle host, 13-23 %
+slower with a core busy).
+
 **Thread caps.** ``load(path, threads=N)`` caps a model's calls at N threads: the fused kernels'
 ``max_threads`` (the graph's ``set_threads``) and torch's intra-op threads on the calling thread
 for the duration of each call (:func:`intra_op_threads`; OpenMP's thread count is a per-thread
@@ -54,14 +60,35 @@ class WaitPolicy:
     """The wait-policy variables in the environment afterwards."""
 
     def describe(self) -> str:
-        """One line for ``run`` / ``serve`` output."""
+        """One line for ``run`` / ``serve`` output (the task pool's wait included)."""
         env = " ".join(f"{k}={v}" for k, v in self.settings) or "libgomp default (spins ~300k iterations)"
         if self.source == "runtime":
-            return f"OpenMP wait policy: {env} (set by ascendc_pack_runtime; set OMP_WAIT_POLICY to override)"
-        if self.source == "user":
-            return f"OpenMP wait policy: {env} (from the environment)"
-        return (f"OpenMP wait policy: {env}: torch was imported before ascendc_pack_runtime, too late to set "
-                "OMP_WAIT_POLICY=PASSIVE (export it, or import ascendc_pack_runtime first)")
+            line = f"OpenMP wait policy: {env} (set by ascendc_pack_runtime; set OMP_WAIT_POLICY to override)"
+        elif self.source == "user":
+            line = f"OpenMP wait policy: {env} (from the environment)"
+        else:
+            line = (f"OpenMP wait policy: {env}: torch was imported before ascendc_pack_runtime, too late to set "
+                    "OMP_WAIT_POLICY=PASSIVE (export it, or import ascendc_pack_runtime first)")
+        return f"{line}; {pool_wait()}"
+
+
+POOL_SPIN_VARIABLE = "ASCENDC_PACK_POOL_SPIN_US"
+POOL_SPIN_DEFAULT_US = 200
+
+
+def pool_spin_us(environ: MutableMapping[str, str] | None = None) -> int:
+    """How long the task pool's workers stay awake after a job, as ``task_pool.h`` reads
+    :data:`POOL_SPIN_VARIABLE` (a non-negative integer; anything else: the default)."""
+    raw = (os.environ if environ is None else environ).get(POOL_SPIN_VARIABLE, "")
+    return int(raw) if raw.isdigit() else POOL_SPIN_DEFAULT_US
+
+
+def pool_wait(environ: MutableMapping[str, str] | None = None) -> str:
+    """The task pool's wait between jobs, in words."""
+    us = pool_spin_us(environ)
+    if us == 0:
+        return f"task pool: workers sleep between jobs ({POOL_SPIN_VARIABLE}=0)"
+    return f"task pool: workers stay awake {us} µs between jobs ({POOL_SPIN_VARIABLE}=0 to sleep at once)"
 
 
 def openmp_loaded() -> bool:

@@ -98,11 +98,12 @@ class TaskPool {
   // How long a worker stays awake after a job, in microseconds (ASCENDC_PACK_POOL_SPIN_US).
   static int64_t spin_us() {
     static const int64_t us = [] {
+      // digits only (as ascendc_pack_runtime.threads.pool_spin_us reads it), else the default
       const char* env = std::getenv("ASCENDC_PACK_POOL_SPIN_US");
       if (env == nullptr || *env == '\0') return int64_t(200);
-      char* end = nullptr;
-      long long v = std::strtoll(env, &end, 10);
-      return (end != nullptr && *end == '\0' && v >= 0) ? int64_t(v) : int64_t(200);
+      for (const char* p = env; *p != '\0'; ++p)
+        if (*p < '0' || *p > '9') return int64_t(200);
+      return int64_t(std::strtoll(env, nullptr, 10));
     }();
     return us;
   }
