@@ -13,8 +13,9 @@
 // yielding its core to any other runnable thread on every poll, then sleeps on a condition
 // variable. Why: on a VM a sleeping vCPU halts, and waking it costs ~50 us (bench/omp_wakeup.py),
 // so a worker that slept between the kernels of one call joined each job ~50 us late (a 128x256x256
-// GEMM ran at one-thread speed); the caller never waits for a worker, and the poll yields, so on a
-// busy host the short wait costs other work almost nothing. One job at a time: a second caller
+// GEMM ran at one-thread speed). The caller still never waits for a worker to wake, and the poll
+// yields; what a busy host pays is tasks an awake worker claimed while the other process held its
+// core (13-23 % with one core busy, docs/DESIGN.md §4.8). One job at a time: a second caller
 // that finds the pool busy (another thread's graph call) runs its tasks on its own thread. After
 // fork() the child has no workers: jobs run on the calling thread. A worker computes a job in
 // its caller's floating-point mode (fp_mode.h: e.g. denormals flushed for the call).
