@@ -26,6 +26,11 @@ A candidate's time is a roofline with a fixed cost per call::
   write the output, read a residual), a channels_last candidate's relayout of an NCHW input, the
   weight ATen's channels_last convolution reorders on every call, the scores the unfused attention
   writes and reads back (``bmm``, softmax, ``bmm``);
+* a convolution's short dot products (fewer than 64 multiply-adds per output: depthwise and
+  grouped ones, and a network's first, 3-channel layer) reach that share of the library's rate:
+  PGO measured oneDNN 358-429 µs on mobilenet_v3_small's first convolution (3x3 over 3 channels)
+  where the full-rate roofline said 154 µs and the generated direct convolution took 75-209 µs
+  (``--topn 1`` ran it on oneDNN: 1.86 -> 1.57 ms for the bundle once it did not);
 * a library's depthwise or 1x1 convolution takes :data:`LIBRARY_CONV` times its roofline, where a
   generated kernel is the alternative (``dwconv``; the GEMM of a 1x1): PGO measured oneDNN's
   channels_last depthwise convolutions 1.4-2.2x the generated ``dwconv`` kernel on efficientnet_b0's
@@ -184,9 +189,10 @@ def conv_us(desc: dict, name: str, target: CpuTarget) -> float:
     x_bytes, out = n * c * h * w * F32, n * o * oh * ow * F32
     w_bytes = o * (c // groups) * kh * kw * F32
     flops = 2.0 * n * o * oh * ow * (c // groups) * kh * kw
-    # a depthwise / grouped convolution reaches a smaller share of the peak (short dot products)
+    # short dot products (a depthwise / grouped convolution, or a dense one over few input
+    # channels: a network's first 3-channel layer) reach a smaller share of the peak
     depth = (c // groups) * kh * kw
-    shape_eff = min(1.0, depth / 64.0) if groups > 1 else 1.0
+    shape_eff = min(1.0, depth / 64.0)
     t = _roofline(name, flops / max(shape_eff, 0.05), x_bytes + w_bytes + out, target)
     if (groups > 1 and c // groups == 1) or (groups == 1 and kh == kw == 1):
         t *= LIBRARY_CONV
