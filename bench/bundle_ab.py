@@ -36,26 +36,30 @@ import torch  # noqa: E402,F401
 from ascendc_pack.frontend.loader import load_model_file  # noqa: E402
 
 
-def _ort_runner(model_file: str, out_dir: str, module, inputs, threads: int | None = None):
-    from ascendc_pack.bench.contenders import _ort_binder, build_artifact
+def _artifact(kind: str, suffix: str, model_file: str, out_dir: str) -> str:
+    """The ``*.<suffix>`` model file in ``out_dir``, exported there (``build_artifact(kind)``) on
+    first use."""
+    from ascendc_pack.bench.contenders import build_artifact
 
-    found = sorted(Path(out_dir).glob("*.onnx")) if Path(out_dir).is_dir() else []
+    found = sorted(Path(out_dir).glob(f"*.{suffix}")) if Path(out_dir).is_dir() else []
     if not found:
-        build_artifact("onnx", model_file, out_dir)
-        found = sorted(Path(out_dir).glob("*.onnx"))
-    return _ort_binder(str(found[0]), module, len(inputs), threads)(list(inputs))
+        build_artifact(kind, model_file, out_dir)
+        found = sorted(Path(out_dir).glob(f"*.{suffix}"))
+    return str(found[0])
+
+
+def _ort_runner(model_file: str, out_dir: str, module, inputs, threads: int | None = None):
+    from ascendc_pack.bench.contenders import _ort_binder
+
+    return _ort_binder(_artifact("onnx", "onnx", model_file, out_dir), module, len(inputs), threads)(list(inputs))
 
 
 def _ov_runner(model_file: str, out_dir: str, inputs):
     """OpenVINO float32, as the bench's ``ov_f32`` contender runs it (the .xml is made in
     ``out_dir`` on first use)."""
-    from ascendc_pack.bench.contenders import _openvino_binder, build_artifact
+    from ascendc_pack.bench.contenders import _openvino_binder
 
-    found = sorted(Path(out_dir).glob("*.xml")) if Path(out_dir).is_dir() else []
-    if not found:
-        build_artifact("openvino", model_file, out_dir)
-        found = sorted(Path(out_dir).glob("*.xml"))
-    bind, _ = _openvino_binder(str(found[0]), f32=True)
+    bind, _ = _openvino_binder(_artifact("openvino", "xml", model_file, out_dir), f32=True)
     return bind(list(inputs))
 
 
