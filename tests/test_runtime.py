@@ -216,6 +216,31 @@ def test_close_and_context_manager(built, cache):
     model.close()  # idempotent
 
 
+def test_a_model_collected_inside_a_torch_export_releases_its_graph_outside_the_trace(built, cache):
+    """Garbage collection can close a model in the middle of someone else's torch.export: the
+    release must run (the graph state is gone) and must not be traced into their graph (a stray
+    node there once broke torch.export's dynamic-shape check: CI's flaky IndexError)."""
+    import gc
+
+    b = built["add_sum"]
+    holder = [rt.load(b.bundle, cache_dir=cache)]
+    ops, handle = holder[0]._ops, holder[0]._handle
+    inputs = list(clone_inputs(b.loaded.example_inputs))
+    assert ops.run(handle, inputs)  # live before
+
+    class DropsTheModel(torch.nn.Module):
+        def forward(self, x):
+            holder.clear()
+            gc.collect()
+            return x * 2
+
+    ep = torch.export.export(DropsTheModel(), (torch.randn(3),), strict=False)
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets == ["aten.mul.Tensor"], targets
+    with pytest.raises(RuntimeError, match="not loaded"):
+        ops.run(handle, inputs)
+
+
 def test_errors_share_one_base_class():
     for cls in (rt.BundleNotFoundError, rt.BundleFormatError, rt.BundleIntegrityError,
                 rt.UnsafeMemberError, rt.IncompatibleBundleError, rt.BundleLoadError):

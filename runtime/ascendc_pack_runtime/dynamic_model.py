@@ -17,7 +17,7 @@ import torch
 from .extract import Extracted, check_libraries
 from .manifest import Manifest, Plan
 from .model_parts import (Closing, TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder,
-                          init_graph)
+                          init_graph, release_graph)
 from .threads import intra_op_threads
 
 
@@ -180,11 +180,7 @@ class DynamicModel(Closing):
         """Release every plan's graph state. Idempotent."""
         for s in self._states:
             handle, s.handle = s.handle, None
-            if handle is not None:
-                try:
-                    s.ops.release(handle)
-                except Exception:  # noqa: BLE001 - interpreter shutdown
-                    pass
+            release_graph(s.ops, handle)
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{n} in [{lo}, {hi}]" for n, (lo, hi) in self.dims.items())

@@ -19,7 +19,7 @@ from .extract import Extracted, check_libraries, open_bundle
 from .host import tuned_cap_here
 from .manifest import Manifest
 from .model_parts import (Closing, TensorSpec, _cap_kernel_threads, _graph_ops, _load_weights, _output_builder,  # noqa: F401
-                          init_graph)
+                          init_graph, release_graph)
 from .tensor_meta import same_layout
 from .threads import check_threads, intra_op_threads
 
@@ -145,11 +145,7 @@ class Model(Closing):
     def close(self) -> None:
         """Release the graph state (planned buffers, kernel libraries). Idempotent."""
         handle, self._handle = self._handle, None
-        if handle is not None and self._ops is not None:
-            try:
-                self._ops.release(handle)
-            except Exception:  # noqa: BLE001 - interpreter shutdown
-                pass
+        release_graph(self._ops, handle)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.input_specs))

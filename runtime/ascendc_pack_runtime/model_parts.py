@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .constants import GRAPH_ABI_VERSION, MANIFEST_NAME, REBUILD
 from .errors import CacheIOError, GraphLoadError, KernelMismatchError, TamperedExtractionError
@@ -199,6 +200,23 @@ def init_graph(ops, weights: list, directory: Path, threads: int | None, m: Mani
         member = next((k.file for k in m.kernels if k.file in msg), g.library)
         raise cls(f"{path}: the graph ({g.library}) refused to load: {msg}; rebuild the bundle",
                   member=member, fix="rebuild the bundle") from None
+
+
+def release_graph(ops, handle: int | None) -> None:
+    """Release a graph state, outside whatever torch is tracing on this thread.
+
+    ``release`` is a dispatcher op, and ``close()`` runs from garbage collection too, which can
+    strike in the middle of someone else's ``torch.export`` / ``make_fx``: called under the tracer's
+    modes, the op would land in *their* graph (a ``release`` node; between two placeholders it
+    broke torch.export's dynamic-shape check) instead of running. Errors are swallowed
+    (interpreter shutdown)."""
+    if handle is None or ops is None:
+        return
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            ops.release(handle)
+    except Exception:  # noqa: BLE001 - interpreter shutdown
+        pass
 
 
 class Closing:
