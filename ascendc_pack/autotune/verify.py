@@ -352,10 +352,12 @@ def launch_checked(sandbox: KernelSandbox, so_path, arena: _Arena, workspace: in
 
 
 def verify_in_sandbox(sandbox: KernelSandbox, so_path, workspace: int, inputs: list[torch.Tensor], out_spec: tuple,
-                      timeout: float, expected: torch.Tensor, ref64: torch.Tensor | None, as_output=None) -> dict | None:
+                      timeout: float, expected: torch.Tensor, ref64: torch.Tensor | None, as_output=None,
+                      check=None) -> dict | None:
     """One generated kernel's candidate run once in ``sandbox`` on ``inputs`` (its one output
     ``out_spec``: ``(shape, dtype[, stride])``) and compared with ``expected`` by the accuracy
-    rule (``ref64``: the float64 second look; ``as_output`` maps both to the output's form).
+    rule (``ref64``: the float64 second look; ``as_output`` maps both to the output's form), or
+    by ``check(expected, got)`` (an ``OutputCheck``: a low-precision candidate's step tolerance).
     None when it passed, else the disqualification record of a tactic candidate."""
     from ascendc_pack_runtime.accuracy import check_tensor
 
@@ -368,7 +370,10 @@ def verify_in_sandbox(sandbox: KernelSandbox, so_path, workspace: int, inputs: l
     finally:
         arena.close()
     view = as_output or (lambda t: t.reshape(got.shape))
-    check = check_tensor("output", view(expected), got, view(ref64) if ref64 is not None else None)
+    if check is None:
+        check = check_tensor("output", view(expected), got, view(ref64) if ref64 is not None else None)
+    else:
+        check = check(view(expected), got)
     if not check.ok:
         return {**_record("wrong result", check.problem), "max_error": check.max_error, "allowed": check.allowed}
     return None

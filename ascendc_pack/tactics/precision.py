@@ -40,6 +40,7 @@ import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.frontend.executor import run_model, run_reference_tactic
 from ascendc_pack.tactics.dispatch.dispatcher import bind, execute
 from ascendc_pack.tactics.dispatch.lowp import NATIVE, features, precision_of
+from ascendc_pack.tactics.families.registry import DISPATCH
 from ascendc_pack.tactics.rewrite import in_layout_chain
 
 log = logging.getLogger("ascendc_pack")
@@ -71,6 +72,7 @@ class PrecisionReport:
     considered: int = 0
     input_sets: int = 0
     note: str | None = None
+    kernel_features: tuple[str, ...] = ()
 
     @property
     def computes(self) -> str:
@@ -81,14 +83,14 @@ class PrecisionReport:
     @property
     def requires(self) -> tuple[str, ...]:
         """CPU features the chosen low-precision steps need on the host (``avx512_bf16``,
-        ``avx512_vnni``...)."""
+        ``avx512_vnni``...; ``amx_bf16`` for a generated AMX GEMM)."""
         lows = sorted({p for p in self.steps.values() if p != NATIVE})
         if not lows:
             return ()
         from ascendc_pack.toolchain.compiler import host_cpu_flags
 
         flags = set(host_cpu_flags())
-        return tuple(f for p in lows if (f := features(p, flags)))
+        return tuple(dict.fromkeys([*(f for p in lows if (f := features(p, flags))), *self.kernel_features]))
 
     def describe(self) -> str:
         """One paragraph for the build summary: the request, the choice, the error next to the budget."""
@@ -143,13 +145,21 @@ class _Evaluator:
         ch = self.tuner.choices[step.name]
         tactic = ch.candidates[i]
         named = {t: _shaped(env[v], step.shapes.get(t)) for t, v in step.bind.items()}
-        weights, acts = T.split(named)
         key = (id(step), i)
-        if key not in self.prepared:
-            self.prepared[key] = (T.prepare(tactic, weights), bind(tactic.calls))
-        prepared, calls = self.prepared[key]
-        with torch.no_grad():
-            got = execute(calls, {**prepared, **_arrival(tactic, step.desc, acts)})[tactic.output]
+        if tactic.family != DISPATCH:  # a generated kernel (verified in the sandbox before it got here)
+            if key not in self.prepared:
+                made = tactic.kernel_weights(named)
+                self.prepared[key] = (made, tactic.impl.lowered_runner(tactic, {**named, **made}))
+            made, run = self.prepared[key]
+            with torch.no_grad():
+                got = run({**_arrival(tactic, step.desc, named), **made})
+        else:
+            weights, acts = T.split(named)
+            if key not in self.prepared:
+                self.prepared[key] = (T.prepare(tactic, weights), bind(tactic.calls))
+            prepared, calls = self.prepared[key]
+            with torch.no_grad():
+                got = execute(calls, {**prepared, **_arrival(tactic, step.desc, acts)})[tactic.output]
         spec = self.tuner.programs[id(step)].values[step.outputs[0]]
         out = got.reshape(spec.shape)
         if spec.stride is not None and tuple(out.stride()) != tuple(spec.stride):
@@ -276,6 +286,8 @@ def choose(tuner, decisions: dict[int, int], input_sets: list, requested: str, b
     report.error = final
     for name, i in switch.items():
         report.steps[name] = precision_of(tuner.choices[name].candidates[i])
+    report.kernel_features = tuple(sorted({f for name, i in switch.items()
+                                           if (f := tuner.choices[name].candidates[i].param("feature"))}))
     log.info("precision: %d steps in low precision, error %.3g <= budget %g (%d evaluations)", len(accepted), final,
              budget, ev.runs)
     return report

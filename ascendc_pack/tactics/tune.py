@@ -130,7 +130,8 @@ class TacticTuner:
         values_of = {s.name: self.programs[id(s)].values for s in firsts.values()}
         self._steps = firsts
         # at --topn 1 too: each family's first tiling, ranked with the rest by its own cost model
-        self._kernel_plans = plan_kernel_tactics(list(firsts.values()), values_of, config) if gemm else {}
+        self._kernel_plans = plan_kernel_tactics(list(firsts.values()), values_of, config, self.offered) \
+            if gemm else {}
         tuned = [s for s in firsts.values() if config.topn > 1 and
                  (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear" or s.name in self._kernel_plans)]
         self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)

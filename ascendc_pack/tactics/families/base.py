@@ -110,6 +110,11 @@ class KernelFamily:
     tilings: ClassVar[int | None] = None   # candidates compiled per step at most (None: --topn)
     weights: ClassVar[str] = "bound"       # stored_weights' default
     graph: ClassVar[str] = "generic"       # the graph's launch convention
+    precision: ClassVar[str] = "fp32"      # what its kernels compute in (a low one: only when the build offers it)
+
+    def offered(self) -> str | None:
+        """Why this host gets no candidates of the family (None: it does; e.g. a CPU feature)."""
+        return None
 
     def spec_of(self, step: TacticStep, values: dict):
         raise NotImplementedError
@@ -158,14 +163,18 @@ class KernelFamily:
         raise NotImplementedError
 
 
-def plan_kernel_tactics(steps: list[TacticStep], values_of: dict, config) -> dict[str, list[tuple[str, object]]]:
+def plan_kernel_tactics(steps: list[TacticStep], values_of: dict, config,
+                        offered: tuple[str, ...] = ()) -> dict[str, list[tuple[str, object]]]:
     """``[(family, build), ...]`` of every step the registered families take (by step name;
     ``values_of[name]``: the specs of its program's values), each with its family's first
-    candidates rendered (``config.topn``, capped by the family's ``tilings``)."""
+    candidates rendered (``config.topn``, capped by the family's ``tilings``). A family computing
+    in a low precision takes part only when the build ``offered`` it (``--precision``)."""
     out: dict[str, list] = {}
     target = None
+    usable = [f for f in registry.families()
+              if (f.precision == "fp32" or f.precision in offered) and f.offered() is None]
     for s in steps:
-        for fam in registry.families():
+        for fam in usable:
             spec = fam.spec_of(s, values_of[s.name]) if s.tactic_kind in fam.kinds else None
             if spec is None:
                 continue

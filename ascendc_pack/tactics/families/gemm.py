@@ -22,14 +22,19 @@ compile in the cold build.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
 
 from ascendc_pack.autotune.verify import verify_in_sandbox
 from ascendc_pack.ir.program import TacticStep, TensorSpec
+from ascendc_pack.kernels.gemm.amx import FEATURE as AMX_FEATURE, amx_applies, amx_offered
+from ascendc_pack.kernels.gemm.amx import plan as amx_plan
 from ascendc_pack.kernels.gemm.generator import DTYPES, RESIDUAL_OPS, GemmSpec, plan
 from ascendc_pack.kernels.gemm.launch import GemmKernel, PackedB, logical_b
+from ascendc_pack.tactics.decide import low_check
+from ascendc_pack.tactics.dispatch.lowp import NATIVE
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 
 log = logging.getLogger("ascendc_pack")
@@ -224,7 +229,7 @@ class GemmRunner:
         ins = [self.a, b] + ([self.bias] if self.bias is not None else []) + self.residuals
         return verify_in_sandbox(sandbox, self.gt.so_path, self.gt.candidate.workspace, ins,
                                  ((spec.m, spec.n), DTYPES[spec.dtype][1]), timeout_s, expected, ref64,
-                                 lambda t: _rows(self.gt, t, spec.n))
+                                 lambda t: _rows(self.gt, t, spec.n), check=low_precision_check(self.gt))
 
     def values(self) -> dict[str, TensorSpec]:
         spec = self.gt.spec
@@ -232,8 +237,51 @@ class GemmRunner:
         return {"x": TensorSpec.of(self.x), "out": TensorSpec.of(out)}
 
 
+def low_precision_check(t: KernelTactic):
+    """The output check of a low-precision candidate (its step tolerance), None for a native one."""
+    prec = t.param("precision")
+    if prec in (None, NATIVE):
+        return None
+    return lambda want, got: low_check(want, got, prec)
+
+
 GEMM = GemmFamily()
 
 
-__all__ = ["GEMM", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw", "conv_gemm_weights",
+class AmxBf16Family(GemmFamily):
+    """The same steps' GEMMs computed in bfloat16 on the AMX tile unit
+    (:mod:`ascendc_pack.kernels.gemm.amx`): low-precision candidates (``precision`` ``bf16``),
+    offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16, verified against the
+    step's float32 reference within the bf16 step tolerance, chosen by the precision search like
+    the oneDNN bfloat16 tactics. The bundle then requires ``amx_bf16``."""
+
+    name = "gemm_amx_bf16"
+    precision = "bf16"
+
+    def offered(self) -> str | None:
+        from ascendc_pack.toolchain.compiler import host_cpu_flags
+
+        return amx_offered(host_cpu_flags())
+
+    def spec_of(self, step: TacticStep, values: dict) -> GemmSpec | None:
+        spec = gemm_spec(step, values)
+        if spec is None or amx_applies(spec) is not None:
+            return None
+        return dataclasses.replace(spec, name=spec.name.replace("gemm_", "gemm_amx_", 1))
+
+    def plan(self, spec: GemmSpec, config, target):
+        return amx_plan(spec, config, target)
+
+    def param(self, t: KernelTactic, key: str, default=None):
+        if key == "precision":
+            return self.precision
+        if key == "feature":
+            return AMX_FEATURE
+        return super().param(t, key, default)
+
+
+AMX_BF16 = AmxBf16Family()
+
+
+__all__ = ["GEMM", "AMX_BF16", "AmxBf16Family", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw", "conv_gemm_weights",
            "epilogue_steps", "CONV_TILINGS"]

@@ -20,6 +20,7 @@ DISPATCH = "dispatch"
 
 SHIPPED = MappingProxyType({
     "gemm": "ascendc_pack.tactics.families.gemm:GEMM",
+    "gemm_amx_bf16": "ascendc_pack.tactics.families.gemm:AMX_BF16",
     "dwconv": "ascendc_pack.tactics.families.conv:DWCONV",
     "directconv": "ascendc_pack.tactics.families.conv:DIRECTCONV",
     "directconv_nchw": "ascendc_pack.tactics.families.conv:DIRECTCONV_NCHW",
