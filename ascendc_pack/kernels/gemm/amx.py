@@ -99,6 +99,8 @@ def estimate_us(spec: GemmSpec, t: AmxTiling, target: CpuTarget) -> float:
         blocks = _ceil(mlen, t.mr) * _ceil(nlen, t.nr)
         kstep = max(16 * tm * tn, 10 * (tm + tn)) + 4
         tiles = blocks * (kp // 32) * kstep + blocks * 40 * tm * tn
+        if (mlen + nlen) * kp * 2 > target.l2 * 0.75:  # the task's A and B blocks spill L2
+            tiles *= 1.3
         return 300 + tiles + mlen * kp / 16 * 2 + mlen * _ceil(nlen, 16) * epi
 
     tasks = [task_cycles(min(t.mc, spec.m - i), min(t.nc, spec.n - j))
@@ -120,8 +122,10 @@ def _space(spec: GemmSpec, cores: int) -> list[AmxTiling]:
             full_m, full_n = _ceil(m, mr) * mr, _ceil(n, nr) * nr
             for bd in sorted({1, cores}):
                 blocks = {(full_m, full_n)}
-                if bd > 1:
-                    blocks |= {(_ceil(_ceil(m, bd), mr) * mr, full_n), (full_m, _ceil(_ceil(n, bd), nr) * nr)}
+                for split in ((bd, 2 * bd) if bd > 1 else (2, 4) if m > 256 else ()):
+                    blocks.add((_ceil(_ceil(m, split), mr) * mr, full_n))
+                    if m < 2 * mr * bd:  # too few rows to split: split the columns (each task rounds all of A)
+                        blocks.add((full_m, _ceil(_ceil(n, split), nr) * nr))
                 for mc, nc in blocks:
                     out.append(AmxTiling(mr, nr, mc, nc, bd))
     return out
