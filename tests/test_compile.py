@@ -151,10 +151,14 @@ def test_kernel_build_rejects_duplicate_candidates():
 def test_compile_flags():
     flags = comp.compile_flags("native")
     inc = comp.runtime_include_dir()
-    assert flags == ["-O3", *comp.target_flags("native"), "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+    wide = ["-mprefer-vector-width=512"] if "avx512f" in comp.isa_features("native") else []
+    assert flags == ["-O3", *comp.target_flags("native"), *wide, "-std=c++17", "-fPIC", "-shared", "-fopenmp",
                      "-fno-math-errno", "-fno-trapping-math", "-fno-plt", f"-I{inc}"]
     assert (inc / "ascendc_pack" / "kernel_abi.h").is_file()
     assert not any("fast-math" in f for f in flags)
+    if IS_X86:  # g++ vectorizes for 256-bit registers on AVX-512 targets unless told otherwise
+        assert "-mprefer-vector-width=512" in comp.compile_flags("x86-64-v4")
+        assert not any("vector-width" in f for f in comp.compile_flags("x86-64-v3"))
 
 
 def test_compiler_identity():

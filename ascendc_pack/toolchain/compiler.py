@@ -162,8 +162,12 @@ class CompileCounts:
 
 def compile_flags(march: str) -> list[str]:
     """g++ flags of every kernel library (no ``-ffast-math``: it breaks -inf/NaN, docs/DESIGN.md §8;
-    ``-fopenmp`` binds kernels to the libgomp torch already loaded)."""
-    return ["-O3", *target_flags(march), "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+    ``-fopenmp`` binds kernels to the libgomp torch already loaded). On an AVX-512 target the
+    auto-vectorized loops (fused kernels, epilogues) use 512-bit vectors: g++ prefers 256 bits
+    there by default, which left an erf-GELU epilogue at half speed (vit_s16 --topn 4 44.5 ->
+    40.1 ms, efficientnet_b0 6.99 -> 6.17, bert_4l 4.24 -> 3.92, in one process)."""
+    wide = ["-mprefer-vector-width=512"] if "avx512f" in isa_features(march) else []
+    return ["-O3", *target_flags(march), *wide, "-std=c++17", "-fPIC", "-shared", "-fopenmp",
             "-fno-math-errno", "-fno-trapping-math", "-fno-plt", f"-I{runtime_include_dir()}"]
 
 
