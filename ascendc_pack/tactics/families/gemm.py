@@ -283,5 +283,5 @@ class AmxBf16Family(GemmFamily):
 AMX_BF16 = AmxBf16Family()
 
 
-__all__ = ["GEMM", "AMX_BF16", "AmxBf16Family", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw", "conv_gemm_weights",
-           "epilogue_steps", "CONV_TILINGS"]
+__all__ = ["GEMM", "AMX_BF16", "AmxBf16Family", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw",
+           "conv_gemm_weights", "epilogue_steps", "low_precision_check", "CONV_TILINGS"]
