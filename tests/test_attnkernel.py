@@ -70,6 +70,8 @@ def _operands(spec: AttnSpec, seed: int = 0) -> dict:
                 out[n] = m
             else:
                 out[n] = torch.randn(shape, generator=g) * 3
+                if spec.mask_windows:  # swin's: -100 across regions, so exp() of those scores is denormal in eager
+                    out[n] += torch.where(torch.rand(shape, generator=g) > 0.5, 0.0, -100.0)
             continue
         size = 1 + sum((d - 1) * st for d, st in zip(shape, stride))
         buf = torch.randn(size, generator=g)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import ascendc_pack_runtime as rt
 from torch import nn
 
 from ascendc_pack.frontend.capture import capture
@@ -179,6 +180,48 @@ def test_shifted_window_attention_with_strided_heads_is_one_step():
     _, (s,) = _pass(Fn(f), torch.randn(8, 16, 3, 2, 8), torch.randn(4, 16, 16))
     assert s.tactic_kind == "attention" and s.desc["mask_windows"] == 4 and tuple(s.desc["mask_shape"]) == (4, 1, 16, 16)
     assert s.desc["batch"] == 8 and [t.name for t in candidates_for(s, 10)] == ["unfused"]
+
+
+class ShiftedWindows(nn.Module):
+    """torchvision swin's shifted block in small: the scores plus a per-head relative position
+    bias, then the per-window -100 mask added through a [N, W, H, L, S] view."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.qkv = nn.Linear(16, 48)
+        self.bias = nn.Parameter(torch.randn(2, 16, 16, generator=g))
+        self.register_buffer("mask", torch.where(torch.rand(4, 16, 16, generator=g) > 0.5, 0.0, -100.0))
+
+    def forward(self, x):  # x: [8 windows, 16 tokens, 16]
+        q, k, v = self.qkv(x).reshape(8, 16, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        a = (q * 0.35) @ k.transpose(-2, -1) + self.bias
+        a = a.view(2, 4, 2, 16, 16) + self.mask.unsqueeze(1).unsqueeze(0)
+        return torch.softmax(a.view(-1, 2, 16, 16), -1) @ v
+
+
+def test_a_shifted_window_with_a_position_bias_is_one_step_with_one_folded_mask():
+    """Both additive terms are constants: the pass folds them into one [W, H, L, S] mask weight
+    (it was two adds the matcher did not take, so swin_t's shifted blocks ran as ATen bmm)."""
+    m = ShiftedWindows()
+    res, steps = _pass(m, torch.randn(8, 16, 16))
+    assert [t.tactic_kind for t in steps] == ["linear", "attention"]
+    s = steps[1]
+    assert s.desc["mask_windows"] == 4
+    assert tuple(s.desc["mask_shape"]) == (4, 2, 16, 16) and set(s.bind) == {"q", "k", "v", "mask"}
+    assert torch.equal(res.weights[s.bind["mask"]], (m.mask[:, None] + m.bias[None]).detach())
+
+
+def test_a_shifted_window_bundle_matches_eager(tmp_path):
+    from ascendc_pack.pipeline import build
+
+    m, x = ShiftedWindows().eval(), torch.randn(8, 16, 16)
+    res = build(m, (x,), output=tmp_path / "w.ascpack", cache_dir=tmp_path / "cache", topn=1)
+    assert [ch.kind for ch in res.tactics.values()].count("attention") == 1
+    with torch.no_grad():
+        want = m(x)
+    with rt.load(res.output) as model:
+        torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
 
 
 def test_attention_with_an_eval_mode_dropout_before_the_values_is_one_step():

@@ -147,8 +147,12 @@ def match_attention(mt, i: int):
     pre = mt.step_of(s)
     windowed = _windowed_mask(mt, s, steps)
     bool_mask = _bool_mask(mt, s, steps) if windowed is None else None
+    bias = None
     if windowed is not None:
         scores, mask, mask_shape, mask_windows = windowed
+        bias = _position_bias(mt, scores, mask, mask_shape, steps)
+        if bias is not None:
+            scores, bias, mask_shape = bias
     elif bool_mask is not None:
         scores, mask = bool_mask
         mask_kind = "bool"
@@ -213,7 +217,8 @@ def match_attention(mt, i: int):
               "mask": mask_kind if mask is not None else None,
               "mask_shape": mask_shape, "causal": False, "safe_softmax": safe, "dtype": ss.dtype,
               "mask_windows": mask_windows}
-    bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {})}
+    bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {}),
+            **({"mask_bias": bias} if bias is not None else {})}
     return fields, steps, bind, out
 
 
@@ -257,6 +262,25 @@ def _windowed_mask(mt, s: str, steps: list):
         return None
     steps += [mt.index_of(s), mt.index_of(v2.args[0].name), mt.index_of(add.args[0].name)]
     return scores, mask, shape, windows
+
+
+def _position_bias(mt, scores: str, mask: str, mask_shape: tuple, steps: list):
+    """Swin's shifted blocks add two constants before the window mask's views: ``S + bias`` (the
+    relative position bias, ``[H, L, S]`` or ``[1, H, L, S]``), then the window mask. Both constant:
+    ``(S, bias, combined mask shape [W, H, L, S])`` with the add recorded (the tactic pass folds the
+    two into one mask weight); else None (the bias add stays outside, unmatched)."""
+    add = mt.step_of(scores)
+    if add is None or add.op != "aten.add.Tensor" or add.kwargs or not all(isinstance(a, Ref) for a in add.args):
+        return None
+    s, bias = add.args[0].name, add.args[1].name
+    ss, bs = mt.spec(s), mt.spec(bias)
+    if ss is None or bs is None or not (mt.constant(bias) and mt.constant(mask)) or bs.dtype != ss.dtype:
+        return None
+    h, l, k = ss.shape[1:]
+    if tuple(bs.shape[-3:]) != (h, l, k) or any(d != 1 for d in bs.shape[:-3]):
+        return None
+    steps.append(mt.index_of(scores))
+    return s, bias, (mask_shape[0], h, l, k)
 
 
 def _bool_mask(mt, s: str, steps: list):

@@ -200,6 +200,14 @@ class _State:
         bind = dict(m.bind)
         if m.kind == "attention":
             step = _causal(step, bind, consts)
+            if "mask_bias" in bind:  # a shifted window's mask + the position bias: one constant mask
+                shape = tuple(step.mask_shape)
+                mask = consts.tensor(bind["mask"]).reshape(shape[0], -1, *shape[2:]) + \
+                    consts.tensor(bind.pop("mask_bias")).reshape(1, *shape[1:])
+                bind["mask"] = self.sink.add(f"{scope}{m.output}__mask", mask.contiguous(),
+                                             f"<the window mask plus the position bias of {m.output}>")
+                if scope:
+                    needs.append(bind["mask"])
         if m.affine is not None:
             mean, scale, bias = (consts.tensor(n).reshape(-1) if n else None for n in m.affine)
             shift = -mean * scale if bias is None else bias - mean * scale
