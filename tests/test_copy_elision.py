@@ -48,6 +48,19 @@ def test_eval_dropout_and_a_redundant_contiguous_become_views():
     assert "aten.clone.default" not in _ops(after) and "aten.alias.default" in _ops(after)
 
 
+def test_a_pad_by_nothing_becomes_a_view_and_a_real_pad_stays():
+    """torchvision's swin pads each block's input to whole windows: by zero at 224² (a copy)."""
+    import torch.nn.functional as F
+
+    nothing = Fn(lambda s, x: F.pad(torch.relu(x), (0, 0, 0, 0, 0, 0)) * 2)
+    before, after = _elided(nothing, torch.randn(2, 7, 7, 4))
+    assert "aten.constant_pad_nd.default" in _ops(before)
+    assert "aten.constant_pad_nd.default" not in _ops(after) and "aten.alias.default" in _ops(after)
+    real = Fn(lambda s, x: F.pad(torch.relu(x), (0, 0, 0, 1, 0, 1)) * 2)
+    _, after = _elided(real, torch.randn(2, 7, 7, 4))
+    assert "aten.constant_pad_nd.default" in _ops(after)
+
+
 def test_a_relayout_an_output_and_a_clone_of_an_input_stay_copies():
     relayout = Fn(lambda s, x: (torch.relu(x).transpose(0, 1).contiguous() + 1))
     _, after = _elided(relayout, torch.randn(4, 6))

@@ -1,4 +1,4 @@
-"""Copy elision: a ``clone`` into the layout its input already has becomes a view of the input.
+"""Copy elision: a ``clone`` (or a pad by zero) into the layout its input already has becomes a view of the input.
 
 Capture turns every eval-mode ``nn.Dropout`` / ``DropPath`` into an ``aten.clone`` (timm's ViT has
 two per block: one copies the MLP's 197x1536 hidden activation, 2.5 % of vit_s16's call), and so
@@ -62,9 +62,15 @@ def _elide(p: Program) -> tuple[Program, int]:
 
 
 def _same_layout_clone(s, values: dict) -> bool:
-    if not (isinstance(s, AtenStep) and s.op == "aten.clone.default" and not s.multi and len(s.args) == 1
-            and isinstance(s.args[0], Ref) and set(s.kwargs) <= {"memory_format"}
-            and s.kwargs.get("memory_format") in _SAME_LAYOUT_FORMATS):
+    """A clone, or a pad by zero everywhere (torchvision's swin pads every block's input to whole
+    windows: by nothing at 224², still a copy), into the layout its input already has."""
+    if not (isinstance(s, AtenStep) and not s.multi and s.args and isinstance(s.args[0], Ref)):
+        return False
+    clone = s.op == "aten.clone.default" and len(s.args) == 1 and set(s.kwargs) <= {"memory_format"} \
+        and s.kwargs.get("memory_format") in _SAME_LAYOUT_FORMATS
+    no_pad = s.op == "aten.constant_pad_nd.default" and len(s.args) in (2, 3) and not s.kwargs \
+        and isinstance(s.args[1], (list, tuple)) and not any(s.args[1])
+    if not (clone or no_pad):
         return False
     src, dst = values.get(s.args[0].name), values.get(s.outputs[0])
     return src is not None and dst is not None and src.stride is not None and dst.stride is not None \
