@@ -479,3 +479,25 @@ def test_a_where_masked_causal_attention_builds_and_matches_eager(tmp_path, cach
     (attn,) = [ch for ch in res.tactics.values() if ch.kind == "attention"]
     assert attn.desc["causal"] and attn.desc["mask"] is None and attn.visited
     _fresh_process_matches(out, model, inputs, tmp_path)
+
+
+def test_a_linear_steps_pool_kernel_wins_within_the_margin_of_a_library_pick():
+    """PGO times a step alone; in the graph an OpenMP library step between task-pool kernels costs
+    more (swin_t): a generated GEMM within POOL_MARGIN of the fastest library candidate is chosen,
+    one beyond it is not, and other kinds keep the fastest."""
+    from types import SimpleNamespace
+
+    from ascendc_pack.tactics.decide import POOL_MARGIN, TacticChoice, TacticResult, pick_by_precision
+
+    def choice(kind, gemm_us):
+        cands = [SimpleNamespace(name="aten", family="dispatch"), SimpleNamespace(name="onednn", family="dispatch"),
+                 SimpleNamespace(name="gemm#0", family="gemm"), SimpleNamespace(name="gemm#1", family="gemm")]
+        results = [TacticResult(i, f"k{i}", c.name, us) for i, (c, us) in
+                   enumerate(zip(cands, (2000.0, 1000.0, gemm_us, gemm_us + 1)))]
+        ch = TacticChoice("s", kind, {}, cands, results, best=1)
+        pick_by_precision(ch)
+        return ch.candidates[ch.best].name
+
+    assert choice("linear", 1000.0 * (1 + POOL_MARGIN) - 1) == "gemm#0"
+    assert choice("linear", 1000.0 * (1 + POOL_MARGIN) + 5) == "onednn"
+    assert choice("conv", 1010.0) == "onednn"

@@ -140,9 +140,18 @@ def order_by_prediction(ch: TacticChoice) -> None:
     ch.captured = ch.candidates.index(captured)
 
 
+POOL_MARGIN = 0.08
+"""A linear step's generated GEMM (run on the graph's task pool) is chosen over a faster library
+candidate (ATen, oneDNN, MKL: torch's OpenMP team) within this share of its time. PGO times each
+step alone; in the graph, an OpenMP step between pool kernels pays for the two thread sets meeting
+on the cores: swin_t's --topn 4 bundle, with oneDNN / MKL on three linear steps 2-6 % faster
+alone, ran 51-53 ms a call in its own process against 45-47 for the all-pool --topn 1 bundle."""
+
+
 def pick_by_precision(ch: TacticChoice) -> None:
     """From the timed results: ``best`` the fastest candidate in the model's own precision (the
-    selection's pick when it is one), ``low`` the fastest of each low precision."""
+    selection's pick when it is one; a linear step's pool kernel within :data:`POOL_MARGIN` of a
+    library pick), ``low`` the fastest of each low precision."""
     timed: dict[str, list[tuple[float, int]]] = {}
     for i, r in enumerate(ch.results):
         if r.ok and r.median_us is not None:
@@ -151,6 +160,12 @@ def pick_by_precision(ch: TacticChoice) -> None:
         ch.best = min(timed[NATIVE])[1]
     elif not ch.native(ch.best):
         ch.best = ch.captured
+    best_us = ch.results[ch.best].median_us
+    if ch.kind == "linear" and ch.candidates[ch.best].family == "dispatch" and best_us is not None:
+        pool = [(t, i) for t, i in timed.get(NATIVE, []) if ch.candidates[i].family != "dispatch"
+                and t <= best_us * (1 + POOL_MARGIN)]
+        if pool:
+            ch.best = min(pool)[1]
     ch.low = {p: min(v)[1] for p, v in timed.items() if p != NATIVE}
 
 
