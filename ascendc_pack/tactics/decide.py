@@ -22,6 +22,7 @@ from ascendc_pack.ir.choice import MeasurementQuality, rel_spread
 from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.tactics.dispatch.int8 import int8_offered
 from ascendc_pack.tactics.dispatch.lowp import NATIVE, STEP_TOLERANCE, bf16_offered, precision_of
+from ascendc_pack.tactics.families.registry import DISPATCH
 from ascendc_pack.tactics.rewrite import in_layout_chain
 
 
@@ -161,8 +162,8 @@ def pick_by_precision(ch: TacticChoice) -> None:
     elif not ch.native(ch.best):
         ch.best = ch.captured
     best_us = ch.results[ch.best].median_us
-    if ch.kind == "linear" and ch.candidates[ch.best].family == "dispatch" and best_us is not None:
-        pool = [(t, i) for t, i in timed.get(NATIVE, []) if ch.candidates[i].family != "dispatch"
+    if ch.kind == "linear" and ch.candidates[ch.best].family == DISPATCH and best_us is not None:
+        pool = [(t, i) for t, i in timed.get(NATIVE, []) if ch.candidates[i].family != DISPATCH
                 and t <= best_us * (1 + POOL_MARGIN)]
         if pool:
             ch.best = min(pool)[1]
