@@ -133,13 +133,14 @@ def check_nhwc(error, kernel: str, what: str, t, n: int, c: int, h: int, w: int)
                     f"torch.channels_last)) or a contiguous {list(nhwc[0])}")
 
 
-def check_dense(error, kernel: str, what: str, t, shape, hint: str) -> None:
-    """``t`` must be a contiguous CPU float32 tensor of ``shape``."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu" \
+def check_dense(error, kernel: str, what: str, t, shape, hint: str, dtype: torch.dtype = torch.float32) -> None:
+    """``t`` must be a contiguous CPU tensor of ``shape`` and ``dtype``."""
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu" \
             or tuple(t.shape) != tuple(shape) or not t.is_contiguous():
         got = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else \
             f"{t.dtype} {list(t.shape)} strides {t.stride()} on {t.device}"
-        raise error(f"{kernel}: {what} must be a contiguous CPU float32 {list(shape)} tensor{hint}, got {got}")
+        raise error(f"{kernel}: {what} must be a contiguous CPU {str(dtype).removeprefix('torch.')} {list(shape)} "
+                    f"tensor{hint}, got {got}")
 
 
 __all__ = ["UNARY_OPS", "EPILOGUE_OPS", "Pair", "ConvGeometry", "epilogue_operands", "out_size", "interior", "fold_affine", "apply_eager_epilogue", "check_nhwc", "check_dense"]

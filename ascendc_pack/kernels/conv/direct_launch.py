@@ -14,6 +14,7 @@ from ascendc_pack_runtime.kernels import KernelLibrary
 
 from ascendc_pack.kernels.conv.common import apply_eager_epilogue, check_dense, check_nhwc, epilogue_operands
 
+import ascendc_pack.kernels.conv.amx as amx
 import ascendc_pack.kernels.conv.winograd as winograd
 from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError, ConvTiling, pack_weight
 
@@ -25,8 +26,8 @@ def _stored(spec: ConvSpec, what: str, t, layout: str, c: int, h: int, w: int) -
         check_nhwc(ConvSpecError, f"direct conv {spec.name}", what, t, spec.n, c, h, w)
 
 
-def _dense(spec: ConvSpec, what: str, t, shape, hint: str) -> None:
-    check_dense(ConvSpecError, f"direct conv {spec.name}", what, t, shape, hint)
+def _dense(spec: ConvSpec, what: str, t, shape, hint: str, dtype: torch.dtype = torch.float32) -> None:
+    check_dense(ConvSpecError, f"direct conv {spec.name}", what, t, shape, hint, dtype)
 
 
 class ConvKernel:
@@ -39,6 +40,7 @@ class ConvKernel:
     share the workspace."""
 
     tiling_type = ConvTiling
+    weight_dtype = torch.float32
 
     def __init__(self, spec: ConvSpec, so_path: str | os.PathLike, kernel_key: str | None = None):
         self.spec = spec
@@ -77,7 +79,7 @@ class ConvKernel:
         s = self.spec
         _stored(s, "x", x, s.x_layout, s.c_in, s.h, s.w)
         _dense(s, "the packed weight", w_packed, self.packed_shape,
-               f" (pack the [O, C, kh, kw] weight with kernel.prepare_weight)")
+               f" (pack the [O, C, kh, kw] weight with kernel.prepare_weight)", self.weight_dtype)
         ins = [x, w_packed] + epilogue_operands(
             s, bias, residual, s.c_out, lambda r: _stored(s, "residual", r, s.residual_layout, s.c_out, s.oh, s.ow))
         if out is None:
@@ -104,6 +106,22 @@ class WinogradKernel(ConvKernel):
         return winograd.pack_weight(weight, self.ocb)
 
 
+class AmxConvKernel(ConvKernel):
+    """One compiled AMX bfloat16 convolution candidate (:mod:`ascendc_pack.kernels.conv.amx`): the
+    operands of :class:`ConvKernel` (``x`` and the residual NHWC), the weight rounded to bfloat16
+    and packed ``[ceil(O/16), KP/2, 16, 2]``."""
+
+    tiling_type = amx.AmxConvTiling
+    weight_dtype = torch.bfloat16
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        return amx.packed_shape(self.spec)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return amx.pack_weight(weight)
+
+
 def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None) -> torch.Tensor:
     """What eager PyTorch computes for ``spec``: ``F.conv2d`` on ``x`` ([N, C, H, W], any layout)
     with the ``[O, C, kh, kw]`` weight, then the epilogue steps with torch's ops."""
@@ -126,4 +144,4 @@ def random_operands(spec: ConvSpec, seed: int = 0):
     return x, weight, bias, residual
 
 
-__all__ = ["ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]
+__all__ = ["AmxConvKernel", "ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]

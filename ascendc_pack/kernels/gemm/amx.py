@@ -76,21 +76,22 @@ def _kp(spec: GemmSpec) -> int:
     return _ceil(spec.k, 32) * 32
 
 
-def thread_bytes(spec: GemmSpec, t: AmxTiling) -> int:
+def thread_bytes(spec, t: AmxTiling) -> int:
     """A thread's workspace: its A block in bfloat16 (rows padded to the tile block) and one
-    block of C tiles in float32, 64-byte aligned."""
+    block of C tiles in float32, 64-byte aligned (``spec``: anything with a ``k``)."""
     mcp = _ceil(t.mc, t.mr) * t.mr
     return _ceil(mcp * _kp(spec) * 2 + 256 * (t.mr // 16) * (t.nr // 16) * 4, 64) * 64
 
 
-def workspace_bytes(spec: GemmSpec, t: AmxTiling) -> int:
+def workspace_bytes(spec, t: AmxTiling) -> int:
     return t.bd * thread_bytes(spec, t) + 64
 
 
-def estimate_us(spec: GemmSpec, t: AmxTiling, target: CpuTarget) -> float:
-    """Rank-only estimate of one call (µs): per task, the tile products (16 cycles each, TMUL's
-    throughput) or the tile loads feeding them, A's rounding, the epilogue through a float32
-    block; the busiest thread's tasks; the fork/join of a parallel call."""
+def estimate_us(spec, t: AmxTiling, target: CpuTarget, gather: float = 1.0) -> float:
+    """Rank-only estimate of one call (µs) of ``spec`` (anything with ``m``, ``n``, ``k`` and
+    ``epilogue``): per task, the tile products (16 cycles each, TMUL's throughput) or the tile
+    loads feeding them, A's rounding (``gather`` times a strided row's cost), the epilogue through a
+    float32 block; the busiest thread's tasks; the fork/join of a parallel call."""
     kp = _kp(spec)
     tm, tn = t.mr // 16, t.nr // 16
     epi = 3 + sum(EPILOGUE[o].cycles for o in spec.epilogue)
@@ -101,7 +102,7 @@ def estimate_us(spec: GemmSpec, t: AmxTiling, target: CpuTarget) -> float:
         tiles = blocks * (kp // 32) * kstep + blocks * 40 * tm * tn
         if (mlen + nlen) * kp * 2 > target.l2 * 0.75:  # the task's A and B blocks spill L2
             tiles *= 1.3
-        return 300 + tiles + mlen * kp / 16 * 2 + mlen * _ceil(nlen, 16) * epi
+        return 300 + tiles + mlen * kp / 16 * 2 * gather + mlen * _ceil(nlen, 16) * epi
 
     tasks = [task_cycles(min(t.mc, spec.m - i), min(t.nc, spec.n - j))
              for j in range(0, spec.n, t.nc) for i in range(0, spec.m, t.mc)]
@@ -112,8 +113,10 @@ def estimate_us(spec: GemmSpec, t: AmxTiling, target: CpuTarget) -> float:
     return us + (4.0 if t.bd > 1 else 0.0)  # fork/join on the graph's task pool, as the float32 GEMM's
 
 
-def _space(spec: GemmSpec, cores: int) -> list[AmxTiling]:
-    m, n = spec.m, spec.n
+def space(m: int, n: int, cores: int, tiling=None) -> list:
+    """The tilings worth ranking for an ``m`` x ``n`` output (``tiling``: the class to make,
+    :class:`AmxTiling` by default)."""
+    tiling = tiling or AmxTiling
     out = []
     for mr in (32, 16):
         for nr in (32, 16):
@@ -127,20 +130,25 @@ def _space(spec: GemmSpec, cores: int) -> list[AmxTiling]:
                     if m < 2 * mr * bd:  # too few rows to split: split the columns (each task rounds all of A)
                         blocks.add((full_m, _ceil(_ceil(n, split), nr) * nr))
                 for mc, nc in blocks:
-                    out.append(AmxTiling(mr, nr, mc, nc, bd))
+                    out.append(tiling(mr, nr, mc, nc, bd))
     return out
+
+
+def rank(spec, tilings: list, target: CpuTarget, topn: int, **estimate) -> list[KernelCandidate]:
+    """Up to ``min(topn, 6)`` distinct candidates of ``tilings``, best (lowest estimate) first."""
+    scored, seen = [], set()
+    for t in tilings:
+        cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
+        if cand.kernel_key not in seen:
+            seen.add(cand.kernel_key)
+            scored.append(KernelCandidate(t, cand, estimate_us(spec, t, target, **estimate)))
+    scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    return scored[:max(1, min(topn, MAX_CANDIDATES))]
 
 
 def propose(spec: GemmSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 6)`` distinct candidates, best (lowest estimate) first."""
-    scored, seen = [], set()
-    for t in _space(spec, target.cores):
-        cand = Candidate(t.tiling_repr, workspace_bytes(spec, t), t.bd)
-        if cand.kernel_key not in seen:
-            seen.add(cand.kernel_key)
-            scored.append(KernelCandidate(t, cand, estimate_us(spec, t, target)))
-    scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
-    return scored[:max(1, min(topn, MAX_CANDIDATES))]
+    return rank(spec, space(spec.m, spec.n, target.cores), target, topn)
 
 
 def render(spec: GemmSpec, cand: KernelCandidate, isa: str) -> str:
@@ -152,7 +160,7 @@ def render(spec: GemmSpec, cand: KernelCandidate, isa: str) -> str:
     return template_env().get_template(TEMPLATE_NAME).render(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
         block_dim=c.block_dim, isa=isa, m=spec.m, n=spec.n, k=spec.k, sa=spec.a_strides, sb=spec.b_strides,
-        bias=spec.bias, residuals=spec.residual_strides, t=t, thread_bytes=thread_bytes(spec, t),
+        bias=spec.bias, residuals=spec.residual_strides, t=t, thread_bytes=thread_bytes(spec, t), conv=None,
         n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
 
 
@@ -165,4 +173,4 @@ def plan(spec: GemmSpec, config: BuildConfig, target: CpuTarget | None = None) -
 
 
 __all__ = ["AmxTiling", "FEATURE", "FEATURES", "amx_applies", "amx_offered", "estimate_us", "plan", "propose",
-           "render", "workspace_bytes"]
+           "rank", "render", "space", "thread_bytes", "workspace_bytes"]

@@ -11,7 +11,11 @@ activation fused:
 * ``directconv_nchw``: the same kernel reading an entry step's NCHW ``x`` (and residual) in place;
 * ``winograd`` (:mod:`ascendc_pack.kernels.conv.winograd`, docs/WINOGRAD.md): 3x3 stride-1 dense convolutions
   with at least :data:`~ascendc_pack.kernels.conv.winograd.MIN_CHANNELS` input channels as Winograd F(2x2, 3x3)
-  (2.25x fewer multiply-adds); weight transformed and packed at build.
+  (2.25x fewer multiply-adds); weight transformed and packed at build;
+* ``conv_amx_bf16`` (:mod:`ascendc_pack.kernels.conv.amx`, docs/GEMM.md): the dense convolutions of
+  ``directconv`` as implicit GEMMs in bfloat16 on the AMX tile unit, a low-precision candidate
+  (offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16; the bundle then requires
+  ``amx_bf16``); weight rounded and packed at build.
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
@@ -33,6 +37,7 @@ import logging
 
 import torch
 
+import ascendc_pack.kernels.conv.amx as amxconv
 import ascendc_pack.kernels.conv.direct as directconv
 import ascendc_pack.kernels.conv.depthwise as dwconv
 import ascendc_pack.kernels.conv.winograd as winograd
@@ -41,9 +46,10 @@ from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
 from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
-from ascendc_pack.kernels.conv.direct_launch import ConvKernel, WinogradKernel
+from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, ConvKernel, WinogradKernel
+from ascendc_pack.kernels.gemm.amx import FEATURE as AMX_FEATURE, amx_offered
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
-from ascendc_pack.tactics.families.gemm import epilogue_steps
+from ascendc_pack.tactics.families.gemm import epilogue_steps, low_precision_check
 from ascendc_pack.tactics.rewrite import CL as CL_NAME  # a step description's layout
 
 log = logging.getLogger("ascendc_pack")
@@ -56,6 +62,9 @@ CONV_KERNEL_TILINGS = 1
 efficientnet_b0 has 16 depthwise convolutions and each tiling is a compile in the cold build; the
 depthwise cost model was fitted to measured candidates (docs/DWCONV.md)."""
 WINOGRAD_TILINGS = 2
+AMX_TILINGS = 3
+"""The AMX convolution's: its estimate misranks tilings by up to 2x (the best of resnet18's
+7x7-pixel 512-channel convolution was its fifth), so PGO times three."""
 """The Winograd kernel's: its estimate ranks output-channel blocks and band modes within ~20 %,
 so PGO times the best and the best of another block or mode (measured 10-40 % apart)."""
 
@@ -103,6 +112,14 @@ def _direct_spec(step: TacticStep, in_place: bool = False):
         f"directconv{'_nchw' if in_place else ''}_{step.name}", tuple(d["x_shape"]),
         (d["out_channels"], d["x_shape"][1], *d["kernel"]), tuple(d["stride"]), tuple(d["padding"]),
         tuple(d["dilation"]), bias=bias, epilogue=epi, **layouts), step)
+
+
+def _amx_spec(step: TacticStep):
+    """The AMX bfloat16 convolution of a step ``directconv`` takes, NHWC (None for other steps)."""
+    spec = _direct_spec(step)
+    if spec is None or amxconv.amx_conv_applies(spec) is not None:
+        return None
+    return dataclasses.replace(spec, name=spec.name.replace("directconv_", "conv_amx_", 1))
 
 
 def _winograd_spec(step: TacticStep):
@@ -173,6 +190,26 @@ class ConvFamily(KernelFamily):
         return run
 
 
+class AmxConvFamily(ConvFamily):
+    """Dense convolutions in bfloat16 on the AMX tile unit (:mod:`ascendc_pack.kernels.conv.amx`):
+    low-precision candidates like the AMX GEMM family's (verified within the bf16 step tolerance,
+    chosen by the precision search; the bundle then requires ``amx_bf16``)."""
+
+    precision = "bf16"
+
+    def offered(self) -> str | None:
+        from ascendc_pack.toolchain.compiler import host_cpu_flags
+
+        return amx_offered(host_cpu_flags())
+
+    def param(self, t: KernelTactic, key: str, default=None):
+        if key == "precision":
+            return self.precision
+        if key == "feature":
+            return AMX_FEATURE
+        return super().param(t, key, default)
+
+
 def _x_layout(t: KernelTactic) -> str:
     return getattr(t.spec, "x_layout", "nhwc")
 
@@ -197,6 +234,8 @@ DIRECTCONV_NCHW = ConvFamily("directconv_nchw", lambda step: _direct_spec(step, 
 WINOGRAD = ConvFamily("winograd", _winograd_spec, directconv.ConvSpec.from_json, winograd.plan, WinogradKernel,
                       lambda w, cand: winograd.pack_weight(w, winograd.WinoTiling.parse(cand.tiling_repr).ocb),
                       WINOGRAD_TILINGS)
+AMX_CONV = AmxConvFamily("conv_amx_bf16", _amx_spec, directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
+                         lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
 
 
 MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
@@ -248,11 +287,12 @@ class ConvKernelRunner:
         """Run the candidate once in the kernel sandbox; None if its output matches the
         reference by the accuracy rule, else the disqualification record."""
         return verify_in_sandbox(sandbox, self.t.so_path, self.t.candidate.workspace, self.ins,
-                                 (self.t.spec.out_shape, torch.float32, self.out.stride()), timeout_s, expected, ref64)
+                                 (self.t.spec.out_shape, torch.float32, self.out.stride()), timeout_s, expected, ref64,
+                                 check=low_precision_check(self.t))
 
     def values(self) -> dict[str, TensorSpec]:
         return {"x": self.x_spec, "out": TensorSpec.of(self.out)}
 
 
-__all__ = ["ConvFamily", "ConvKernelRunner", "DWCONV", "DIRECTCONV", "DIRECTCONV_NCHW", "WINOGRAD", "in_layout",
-           "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS"]
+__all__ = ["AmxConvFamily", "ConvFamily", "ConvKernelRunner", "DWCONV", "DIRECTCONV", "DIRECTCONV_NCHW", "WINOGRAD",
+           "AMX_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]

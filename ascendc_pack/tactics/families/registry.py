@@ -25,6 +25,7 @@ SHIPPED = MappingProxyType({
     "directconv": "ascendc_pack.tactics.families.conv:DIRECTCONV",
     "directconv_nchw": "ascendc_pack.tactics.families.conv:DIRECTCONV_NCHW",
     "winograd": "ascendc_pack.tactics.families.conv:WINOGRAD",
+    "conv_amx_bf16": "ascendc_pack.tactics.families.conv:AMX_CONV",
     "attention": "ascendc_pack.tactics.families.attention:ATTENTION",
 })
 """Shipped families, in the order their candidates join a step's (after the dispatcher tactics)."""

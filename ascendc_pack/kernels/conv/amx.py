@@ -1,0 +1,124 @@
+"""Generated AMX bfloat16 convolutions: a dense float32 :class:`~ascendc_pack.kernels.conv.direct.ConvSpec`
+(NHWC ``x`` and residual, groups 1) computed as an implicit GEMM on the AMX tile unit
+(``TDPBF16PS``: bfloat16 operands, float32 accumulation).
+
+The GEMM is ``M = n*oh*ow`` output pixels by ``N = c_out`` channels over ``K = kh*kw*c_in`` taps.
+Each task gathers its pixels' taps from ``x`` and rounds them to bfloat16 in its workspace (the
+im2col of the block, zero at padding taps), then runs the AMX GEMM's tile blocks
+(``templates/kernel/gemm_amx.cpp.j2`` with ``conv``: one template for both) on the weight, rounded
+and packed at build by :func:`pack_weight`; the bias, a residual ``add`` and an activation run in
+float32 on the tile results. The kernel ABI is the direct convolution's (``x``, packed weight,
+bias, residual; channels_last ``y``), so the graph launches it like one.
+
+Why: on this host oneDNN's bfloat16 convolutions left resnet18 at 6.1 ms where OpenVINO's bfloat16
+runs it in 2.5; they wake an OpenMP team per call and keep activations in bfloat16 between steps
+(a cast kernel on each side). Offered only with ``--precision bf16`` / ``auto`` on a host with
+AMX-BF16 (:func:`ascendc_pack.kernels.gemm.amx.amx_offered`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ascendc_pack.config import BuildConfig
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
+from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate
+from ascendc_pack.kernels.fused.codegen import template_env
+from ascendc_pack.kernels.gemm.amx import TEMPLATE_NAME, AmxTiling, rank, space, thread_bytes, workspace_bytes
+from ascendc_pack.kernels.gemm.generator import _epilogue_lines
+from ascendc_pack.kernels.target import CpuTarget
+
+MIN_CHANNELS = 16
+"""Output channels below a tile's 16 columns waste most of every tile product."""
+
+
+@dataclass(frozen=True)
+class AmxConvTiling(AmxTiling):
+    """The AMX GEMM's tiling over the implicit GEMM's rows (output pixels) and columns (channels)."""
+
+    error = ConvSpecError
+    kind = "AMX convolution"
+
+
+@dataclass(frozen=True)
+class ImplicitGemm:
+    """The GEMM a convolution is (what the AMX GEMM's cost model and workspace read)."""
+
+    m: int
+    n: int
+    k: int
+    epilogue: tuple[str, ...]
+
+
+def implicit_gemm(spec: ConvSpec) -> ImplicitGemm:
+    return ImplicitGemm(spec.n * spec.oh * spec.ow, spec.c_out, spec.kh * spec.kw * spec.c_in, spec.epilogue)
+
+
+def amx_conv_applies(spec: ConvSpec) -> str | None:
+    """Why ``spec`` has no AMX kernel (None: it has)."""
+    if spec.x_layout != "nhwc" or spec.residual_layout != "nhwc":
+        return "x and the residual must be NHWC (channels_last)"
+    if spec.c_out < MIN_CHANNELS:
+        return f"{spec.c_out} output channels (a tile has {MIN_CHANNELS} columns)"
+    return None
+
+
+def _kp(k: int) -> int:
+    return -(-k // 32) * 32
+
+
+def packed_shape(spec: ConvSpec) -> tuple[int, int, int, int]:
+    """The packed weight's shape: ``[ceil(O/16), KP/2, 16, 2]`` bfloat16 (KP: K padded to 32)."""
+    return (-(-spec.c_out // 16), _kp(spec.kh * spec.kw * spec.c_in) // 2, 16, 2)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A dense weight ``[O, C, kh, kw]`` rounded to bfloat16 (to nearest even) in the layout the
+    tile unit reads: 16-column panels of k pairs, ``packed[p, k // 2, j, k % 2] = W[16p + j]`` at
+    tap ``k = (i * kw + j') * C + c``; zero past O and past K."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        raise ConvSpecError(f"a dense convolution weight is a [O, C, kh, kw] tensor, got "
+                            f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    o, c, kh, kw = weight.shape
+    k, panels = kh * kw * c, -(-o // 16)
+    b = torch.zeros(_kp(k), panels * 16, dtype=torch.float32)
+    b[:k, :o] = weight.detach().float().permute(2, 3, 1, 0).reshape(k, o)
+    return b.to(torch.bfloat16).view(-1, 2, panels, 16).permute(2, 0, 3, 1).contiguous()
+
+
+def propose(spec: ConvSpec, target: CpuTarget, topn: int = 6) -> list[KernelCandidate]:
+    """Up to ``min(topn, 6)`` distinct candidates, best (lowest estimate) first; a row's gather
+    costs about two strided rows' rounding (one run per tap)."""
+    g = implicit_gemm(spec)
+    return rank(g, space(g.m, g.n, target.cores, AmxConvTiling), target, topn, gather=2.0)
+
+
+def render(spec: ConvSpec, cand: KernelCandidate, isa: str) -> str:
+    """C++ source of one candidate (shapes and tiling compiled in)."""
+    why = amx_conv_applies(spec)
+    if why is not None:
+        raise ConvSpecError(f"direct conv {spec.name}: no AMX kernel: {why}")
+    g, t, c = implicit_gemm(spec), cand.tiling, cand.candidate
+    conv = dict(n=spec.n, h=spec.h, w=spec.w, c=spec.c_in, oh=spec.oh, ow=spec.ow, kh=spec.kh, kw=spec.kw,
+                stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+    return template_env().get_template(TEMPLATE_NAME).render(
+        name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
+        block_dim=c.block_dim, isa=isa, m=g.m, n=g.n, k=g.k, conv=conv, bias=spec.bias,
+        residuals=[(0, g.n, 1)] if spec.residual else [], t=t, thread_bytes=thread_bytes(g, t),
+        n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
+
+
+GENERATOR = Generator("conv_amx", __name__, TEMPLATE_NAME, propose, render, AmxConvTiling,
+                      lambda spec, t: workspace_bytes(implicit_gemm(spec), t))
+
+
+def plan(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
+    """Propose ``config.topn`` candidates of ``spec`` and render their sources."""
+    return family.plan(GENERATOR, spec, config, target)
+
+
+__all__ = ["AmxConvTiling", "GENERATOR", "ImplicitGemm", "MIN_CHANNELS", "amx_conv_applies", "implicit_gemm",
+           "pack_weight", "packed_shape", "plan", "propose", "render"]

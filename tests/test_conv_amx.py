@@ -1,0 +1,170 @@
+"""The generated AMX bfloat16 convolution (kernels/conv/amx.py, the ``conv`` mode of
+templates/kernel/gemm_amx.cpp.j2): every candidate against eager, the weight packing, which steps
+it takes, and a ``--precision bf16`` build of a small CNN that picks it. Skipped on a host without
+AMX-BF16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ascendc_pack_runtime as rt
+from ascendc_pack.autotune.protocol import Protocol
+from ascendc_pack.config import BuildConfig
+from ascendc_pack.kernels import family
+from ascendc_pack.kernels.conv import amx
+from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
+from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, eager_reference, random_operands
+from ascendc_pack.kernels.gemm.amx import amx_offered
+from ascendc_pack.kernels.target import CpuTarget
+from ascendc_pack.tactics.dispatch.lowp import STEP_TOLERANCE
+from ascendc_pack.toolchain.compiler import host_cpu_flags
+from ascendc_pack_runtime.accuracy import relative_error
+
+from .bundle_fixtures import build_root
+
+WHY_NOT = amx_offered(host_cpu_flags())
+needs_amx = pytest.mark.skipif(WHY_NOT is not None, reason=f"no AMX bfloat16 here: {WHY_NOT}")
+
+SPECS = [
+    ConvSpec.from_conv("amxc_stem", (1, 3, 30, 26), (32, 3, 7, 7), 2, 3, bias=True, epilogue=("relu",)),
+    ConvSpec.from_conv("amxc_block", (2, 32, 9, 11), (48, 32, 3, 3), 1, 1, bias=True, epilogue=("add", "relu")),
+    ConvSpec.from_conv("amxc_down", (1, 40, 14, 14), (64, 40, 3, 3), 2, 1, epilogue=("gelu",)),      # C off 16
+    ConvSpec.from_conv("amxc_1x1s2", (1, 64, 12, 12), (24, 64, 1, 1), 2, 0, bias=True),              # O off 16
+    ConvSpec.from_conv("amxc_dilated", (1, 16, 13, 13), (16, 16, 3, 3), 1, 2, dilation=2, epilogue=("silu",)),
+    ConvSpec.from_conv("amxc_rect", (1, 24, 10, 17), (40, 24, 1, 5), (1, 2), (0, 2), bias=True, epilogue=("add",)),
+]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if WHY_NOT is not None:
+        pytest.skip(f"no AMX bfloat16 here: {WHY_NOT}")
+    config = BuildConfig.resolve(cache_dir=build_root(tmp_path_factory) / "build_cache", jobs=2, topn=6)
+    target = CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
+    return dict(zip([s.name for s in SPECS], family.compile_all(amx.GENERATOR, SPECS, config, target)))
+
+
+def _rounded_reference(spec: ConvSpec, x, w, bias, res):
+    """The convolution in float64 on bfloat16-rounded x and weight (what the kernel multiplies; it
+    accumulates in float32, so this is near-exact), then the epilogue in float64."""
+    r = lambda t: t.bfloat16().double()  # noqa: E731
+    y = F.conv2d(r(x), r(w), bias.double() if bias is not None else None, spec.stride, spec.padding, spec.dilation)
+    for op in spec.epilogue:
+        y = y + res.double() if op == "add" else {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[op](y)
+    return y
+
+
+@needs_amx
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_amx_conv_candidate_matches_eager(spec, compiled):
+    """Every tiling: within the bf16 step tolerance of float32 eager, and within float32 rounding
+    of the same convolution on bfloat16-rounded operands (a gather, padding or packing error
+    shows there at once)."""
+    x, w, bias, res = random_operands(spec, seed=spec.c_in)
+    want32, want_rounded = eager_reference(spec, x, w, bias, res), _rounded_reference(spec, x, w, bias, res)
+    build = compiled[spec.name]
+    assert len(build.candidates) >= 2
+    for cc in build.compiled.candidates:
+        assert cc.ok, cc.error
+        k = AmxConvKernel(spec, cc.so_path, cc.candidate.kernel_key)
+        got = k(x, k.prepare_weight(w), bias, res)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert relative_error(want32, got) <= STEP_TOLERANCE["bf16"], cc.candidate.tiling_repr
+        assert relative_error(want_rounded, got) < 1e-5, cc.candidate.tiling_repr
+
+
+def test_the_packed_weight_is_the_tile_layout():
+    """packed[p, k // 2, j, k % 2] = W[16p + j] at tap k = (i * kw + j') * C + c, bfloat16, zero past O and K."""
+    w = torch.randn(20, 3, 2, 3)
+    p = amx.pack_weight(w)
+    spec = ConvSpec.from_conv("pk", (1, 3, 8, 8), (20, 3, 2, 3))
+    assert p.dtype == torch.bfloat16 and tuple(p.shape) == amx.packed_shape(spec) == (2, 16, 16, 2)
+    for o, c, i, j in ((0, 0, 0, 0), (19, 2, 1, 2), (17, 1, 0, 2), (5, 2, 1, 0)):
+        k = (i * 3 + j) * 3 + c
+        assert p[o // 16, k // 2, o % 16, k % 2] == w[o, c, i, j].bfloat16()
+    assert not p[1, :, 4:].any() and not p[:, 9:].any()   # channels 20..31 and taps 18..31
+    with pytest.raises(ConvSpecError, match=r"\[O, C, kh, kw\]"):
+        amx.pack_weight(torch.randn(4, 4))
+
+
+def test_which_convolutions_have_an_amx_kernel():
+    nchw = ConvSpec.from_conv("a", (1, 16, 8, 8), (16, 16, 3, 3), x_layout="nchw")
+    assert "NHWC" in amx.amx_conv_applies(nchw)
+    assert "output channels" in amx.amx_conv_applies(ConvSpec.from_conv("b", (1, 16, 8, 8), (8, 16, 3, 3)))
+    assert amx.amx_conv_applies(ConvSpec.from_conv("c", (1, 3, 8, 8), (16, 3, 3, 3))) is None
+    with pytest.raises(ConvSpecError, match="no AMX kernel"):
+        amx.render(nchw, None, "")
+
+
+@needs_amx
+def test_a_misuse_of_the_kernel_names_the_fix(compiled):
+    spec = SPECS[1]
+    cc = compiled[spec.name].compiled.candidates[0]
+    k = AmxConvKernel(spec, cc.so_path, cc.candidate.kernel_key)
+    x, w, bias, res = random_operands(spec)
+    with pytest.raises(ConvSpecError, match="bfloat16.*prepare_weight"):
+        k(x, w, bias, res)                                     # the weight not packed
+    with pytest.raises(ConvSpecError, match="channels_last"):
+        k(x.contiguous(), k.prepare_weight(w), bias, res)      # x NCHW
+
+
+# ---- in a build ----------------------------------------------------------------------------------
+
+CNN = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 5, 2, 2, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.c1 = nn.Sequential(nn.Conv2d(32, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.c2 = nn.Conv2d(32, 32, 3, 1, 1)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(x + self.c2(self.c1(x)))
+        return self.head(x.mean((2, 3)))
+
+
+def get_model():
+    torch.manual_seed(0)
+    m = Block().eval()
+    for bn in (m.stem[1], m.c1[1]):
+        bn.running_mean.uniform_(-0.2, 0.2); bn.running_var.uniform_(0.5, 2.0)
+    return m
+
+
+def get_example_inputs():
+    return (torch.randn(1, 3, 40, 40, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+@needs_amx
+def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_path_factory):
+    from ascendc_pack.frontend.loader import load_model_file
+    from ascendc_pack.pipeline import build
+
+    root = tmp_path_factory.mktemp("amxconv")
+    (root / "cnn.py").write_text(CNN)
+    loaded = load_model_file(root / "cnn.py")
+    out = root / "cnn.ascpack"
+    res = build(loaded.module, loaded.example_inputs, output=out, cache_dir=build_root(tmp_path_factory) / "build_cache",
+                jobs=2, topn=2, precision="bf16", protocol=Protocol(warmup=1, min_rounds=3, max_rounds=5, time_cap_s=0.2))
+    offered = [t for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_bf16"]
+    assert len({t.spec.name for t in offered}) == 3, res.summary()   # each dense convolution got candidates
+    for ch in res.tactics.values():                                    # every AMX candidate verified
+        assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family == "conv_amx_bf16")
+    assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)
+    x = loaded.example_inputs[0]
+    with torch.no_grad():
+        want = loaded.module(x)
+    with rt.load(out) as model:
+        assert relative_error(want, model(x)) <= res.precision.budget
+    chosen = {ch.candidates[u["chosen_index"]].family for ch in res.tactics.values() for u in ch.uses}
+    if "conv_amx_bf16" in chosen:   # PGO's pick (timed, so not asserted): then the bundle requires AMX
+        assert "amx_bf16" in rt.read_manifest(out).precision.requires
