@@ -274,6 +274,7 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
     from ascendc_pack.autotune.protocol import Protocol
     from ascendc_pack.backends.registry import get_backend
     from ascendc_pack.config import BuildConfig
+    from ascendc_pack.autotune.timing_pool import timing_pool
     from ascendc_pack.tune.python_mode import PythonModeModule
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores,
@@ -281,7 +282,7 @@ def compile(model: torch.nn.Module, example_inputs, *, topn: int = 1, cores: int
     captured, fused, kernels, _ = prepare(model, example_inputs, name=type(model).__name__, config=config,
                                           input_sets=[tuple(example_inputs)], protocol=protocol)
     pm = PythonModeModule(fused, captured.weights, kernels, protocol or Protocol(),
-                          backend=get_backend(config.backend))
+                          backend=get_backend(config.backend), pool=timing_pool(config))
     for inputs in calibration_inputs or []:
         pm(*_clone(inputs))
     return pm
@@ -403,6 +404,7 @@ def _prepare_and_tune(model, example_inputs, input_sets, *, config, name, progre
                       before_tuning):
     from ascendc_pack.autotune.protocol import Protocol
     from ascendc_pack.backends.registry import get_backend
+    from ascendc_pack.autotune.timing_pool import timing_pool
     from ascendc_pack.tune.python_mode import PythonModeModule
 
     prep = prepare(model, example_inputs, name=name, config=config, progress=progress, output_names=output_names,
@@ -410,7 +412,7 @@ def _prepare_and_tune(model, example_inputs, input_sets, *, config, name, progre
     if before_tuning is not None:
         before_tuning()
     pm = PythonModeModule(prep.fused, prep.captured.weights, prep.kernels, protocol or Protocol(),
-                          backend=get_backend(config.backend))
+                          backend=get_backend(config.backend), pool=timing_pool(config))
     with pm, progress.stage("tune", total=pm.pending()) as st:
         pm.log_progress = lambda _: st.advance()
         for inputs in () if _reach_without_running(pm, prep.fused, input_sets) else input_sets:

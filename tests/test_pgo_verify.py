@@ -58,19 +58,34 @@ def drop_y(src: str, spec) -> str:
     return src.replace("(v0 + v1)", "(v0)")
 
 
+ENTRY = "AP_KERNEL_ENTRY_POINTS(launch)"  # a kernel whose tasks run on a pool (kernel_pool.h)
+
+
+def wrap_launch(src: str, before: str = "", after: str = "") -> str:
+    """The kernel with its launch wrapped: ``before`` runs first, ``after`` once it returned
+    (``rc``: its status) - in either form a fused kernel takes (pooled or OpenMP-only)."""
+    if ENTRY in src:
+        return src.replace(ENTRY, (
+            "static int wrapped(void *const *inputs, void *const *outputs, void *workspace, int32_t max_threads,\n"
+            f"                   const ap_pool *pool) {{\n{before}"
+            "  const int rc = launch(inputs, outputs, workspace, max_threads, pool);\n"
+            f"{after}  return rc;\n}}\nAP_KERNEL_ENTRY_POINTS(wrapped)"))
+    return src.replace(LAUNCH, "static int launch_impl(") + (
+        "\nextern \"C\" int ap_kernel_launch(void *const *inputs, void *const *outputs, void *workspace,\n"
+        f"                                int32_t max_threads) {{\n{before}"
+        "  const int rc = launch_impl(inputs, outputs, workspace, max_threads);\n"
+        f"{after}  return rc;\n}}\n")
+
+
 def off_by_one(src: str, spec) -> str:
     """Any float32 kernel: the first element of output 0 comes out 1.0 too large."""
     assert spec.outputs[0].dtype == "float32"
-    return src.replace(LAUNCH, "static int launch_impl(") + (
-        "\nextern \"C\" int ap_kernel_launch(void *const *inputs, void *const *outputs, void *workspace,\n"
-        "                                int32_t max_threads) {\n"
-        "  const int rc = launch_impl(inputs, outputs, workspace, max_threads);\n"
-        "  static_cast<float *>(outputs[0])[0] += 1.0f;\n  return rc;\n}\n")
+    return wrap_launch(src, after="  static_cast<float *>(outputs[0])[0] += 1.0f;\n")
 
 
 def spin(src: str, spec) -> str:
     """A candidate that never returns."""
-    return src.replace("int32_t max_threads) {", "int32_t max_threads) {\n  for (volatile int s = 1; s;) {}", 1)
+    return wrap_launch(src, before="  for (volatile int s = 1; s;) {}\n")
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -268,7 +283,7 @@ def test_ctrl_c_while_timing_records_no_failure_and_the_next_call_tunes(tmp_path
     (st,) = pm.states.values()
     kd = st.kernel.compiled.kernel_dir
 
-    def interrupted(kernels, args):
+    def interrupted(kernels, args, pool=None):
         def measure(i, number):
             raise KeyboardInterrupt
         return measure

@@ -219,8 +219,10 @@ def select(n: int, measure: Measure, protocol: Protocol = Protocol(),
                      retaken=retaken)
 
 
-def kernel_measure(kernels: list, args: list[torch.Tensor]) -> Measure:
-    """A measure function for compiled candidates (``FusedKernel`` objects, None = failed).
+def kernel_measure(kernels: list, args: list[torch.Tensor], pool: int | None = None) -> Measure:
+    """A measure function for compiled candidates (``FusedKernel`` objects, None = failed),
+    launched on ``pool`` (an ``ap_pool`` address: the graph's task pool, which graph.so runs a
+    library exporting ``ap_kernel_launch_pool`` on) when given.
 
     The kernels read their inputs and write only into their own output buffers, never into the
     caller's tensors; inputs are still snapshotted and restored around every timed call so a
@@ -229,14 +231,16 @@ def kernel_measure(kernels: list, args: list[torch.Tensor]) -> Measure:
     inputs = [k.prepare_inputs(list(args)) if k is not None else None for k in kernels]
     snapshots = [a.clone() for a in args]
     outputs = [k.allocate_outputs() if k is not None else None for k in kernels]
+    launches = [k.lib.bind(inputs[i], outputs[i], k._workspace, pool=pool) if k is not None else None
+                for i, k in enumerate(kernels)]
 
     def measure(i: int, number: int) -> float:
-        k = kernels[i]
-        if k is None:
+        launch = launches[i]
+        if launch is None:
             raise CandidateFailed("did not compile")
         t0 = time.perf_counter()
         for _ in range(number):
-            rc = k.lib.launch(inputs[i], outputs[i], k._workspace)
+            rc = launch()
             if rc != 0:
                 raise CandidateFailed(f"returned status {rc}")
         elapsed = time.perf_counter() - t0

@@ -71,8 +71,8 @@ _keep: list = []  # the loaded library: its pool lives as long as the process
 def timing_pool(config, cxx: str = DEFAULT_CXX) -> int | None:
     """The address of the pool's ``ap_pool`` (for ``KernelLibrary.bind(pool=...)``), or None with
     ``ASCENDC_PACK_TASK_POOL=0`` or when the pool library cannot be built (then PGO times
-    OpenMP, as before; logged)."""
-    if not pool_enabled():
+    OpenMP, as before; logged), or for another backend than ``cpu`` (its kernels run on a device)."""
+    if not pool_enabled() or config.backend != "cpu":
         return None
     try:
         return _load(str(config.cache_dir), cxx)

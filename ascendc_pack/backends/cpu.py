@@ -64,8 +64,8 @@ class CpuBackend:
     def load_kernel(self, spec: dict, so_path: Path, kernel_key: str) -> FusedKernel:
         return FusedKernel(spec, KernelLibrary(so_path, kernel_key))
 
-    def timer(self, kernels: list, args: list[torch.Tensor]) -> autotune.Measure:
-        return autotune.kernel_measure(kernels, args)
+    def timer(self, kernels: list, args: list[torch.Tensor], pool: int | None = None) -> autotune.Measure:
+        return autotune.kernel_measure(kernels, args, pool)
 
     def sandbox(self) -> verify.KernelSandbox:
         return verify.KernelSandbox()

@@ -64,8 +64,9 @@ class Backend(Protocol):
     def load_kernel(self, spec: dict, so_path: Path, kernel_key: str) -> FusedKernel:
         """The in-process launcher of one compiled candidate."""
 
-    def timer(self, kernels: list, args: list[torch.Tensor]) -> Callable[[int, int], float]:
-        """``measure(index, launches) -> seconds`` for PGO (:func:`ascendc_pack.autotune.protocol.select`)."""
+    def timer(self, kernels: list, args: list[torch.Tensor], pool: int | None = None) -> Callable[[int, int], float]:
+        """``measure(index, launches) -> seconds`` for PGO (:func:`ascendc_pack.autotune.protocol.select`);
+        ``pool``: the host task pool the graph runs kernels on (:mod:`ascendc_pack.autotune.timing_pool`), if any."""
 
     def sandbox(self) -> KernelSandbox:
         """An isolated launcher that verification can stop when a candidate hangs."""

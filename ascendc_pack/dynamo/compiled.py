@@ -150,6 +150,7 @@ class CompiledGraph:
         from ascendc_pack.backends.registry import get_backend
         from ascendc_pack.errors import ConfigError
         from ascendc_pack.pipeline import prepare
+        from ascendc_pack.autotune.timing_pool import timing_pool
         from ascendc_pack.tune.python_mode import PythonModeModule
         from ascendc_pack.autotune.protocol import Protocol
 
@@ -160,7 +161,8 @@ class CompiledGraph:
                 prep = prepare(self._model(args), example, name="dynamo_graph", config=self.config,
                                input_sets=[example], protocol=self.protocol)
                 module = PythonModeModule(prep.fused, prep.captured.weights, prep.kernels,
-                                          self.protocol or Protocol(), backend=get_backend(self.config.backend))
+                                          self.protocol or Protocol(), backend=get_backend(self.config.backend),
+                                          pool=timing_pool(self.config))
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - an unsupported graph runs eagerly, never breaks the model

@@ -109,6 +109,8 @@ class PythonModeModule:
         protocol: the PGO measurement protocol.
         log_progress: called with the kernel name after each kernel is tuned (progress bars).
         backend: launcher, timer and verification sandbox (default: the ``cpu`` backend).
+        pool: the task pool candidates are timed on (``timing_pool(config)``: the one graph.so
+            runs kernels exporting ``ap_kernel_launch_pool`` on); None: OpenMP.
 
     The verification worker is started on the first kernel that needs it; :meth:`close` (or
     garbage collection) stops it.
@@ -116,8 +118,10 @@ class PythonModeModule:
 
     def __init__(self, model: ModelProgram, weights: dict[str, torch.Tensor],
                  kernels: dict[str, KernelCandidates], protocol: Protocol = Protocol(),
-                 log_progress: Callable[[str], None] | None = None, backend: Backend | None = None):
+                 log_progress: Callable[[str], None] | None = None, backend: Backend | None = None,
+                 pool: int | None = None):
         self.model = model
+        self.pool = pool
         self.weights = weights
         self.protocol = protocol
         self.log_progress = log_progress
@@ -247,7 +251,7 @@ class PythonModeModule:
                     log.warning("kernel %s: candidate #%d (tiling %s) %s", kc.name, i,
                                 kc.compiled.candidates[i].candidate.optimize_tiling_text, v.message)
             try:
-                sel = select(len(state.runners), _skip_failed(self.backend.timer(state.runners, args), errors),
+                sel = select(len(state.runners), _skip_failed(self.backend.timer(state.runners, args, self.pool), errors),
                              self.protocol, contention=contention_clock)
                 errors = [e or sel.errors[i] for i, e in enumerate(errors)]
             except AutotuneError as exc:  # the candidates that passed verification crashed when timed

@@ -124,8 +124,8 @@ class EmulatedNpuBackend(_NpuCommon):
     def load_kernel(self, spec, so_path: Path, kernel_key: str) -> FusedKernel:
         return FusedKernel(spec, KernelLibrary(so_path, kernel_key))
 
-    def timer(self, kernels: list, args: list[torch.Tensor]) -> autotune.Measure:
-        return autotune.kernel_measure(kernels, args)
+    def timer(self, kernels: list, args: list[torch.Tensor], pool: int | None = None) -> autotune.Measure:
+        return autotune.kernel_measure(kernels, args, pool)
 
     def sandbox(self) -> verify.KernelSandbox:
         return verify.KernelSandbox()
@@ -179,8 +179,8 @@ class NpuBackend(_NpuCommon):
     def load_kernel(self, spec, so_path: Path, kernel_key: str) -> device.NpuFusedKernel:
         return device.NpuFusedKernel(spec, device.NpuKernelLibrary(so_path, kernel_key))
 
-    def timer(self, kernels: list, args: list[torch.Tensor]) -> autotune.Measure:
-        return device.device_measure(kernels, args)
+    def timer(self, kernels: list, args: list[torch.Tensor], pool: int | None = None) -> autotune.Measure:
+        return device.device_measure(kernels, args)  # device kernels: no host pool
 
     def sandbox(self) -> device.DeviceSandbox:
         return device.DeviceSandbox()

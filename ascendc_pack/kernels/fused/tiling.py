@@ -11,8 +11,10 @@ The cost model estimates microseconds from bytes moved (with a cache-fit bandwid
 arithmetic per element, per-task and per-barrier overheads and load imbalance. It only ranks;
 PGO measures. At most 10 distinct candidates are kept, then trimmed to ``topn``.
 
-Threads are not free. The runtime runs OpenMP with ``OMP_WAIT_POLICY=PASSIVE`` (spinning
-teams collapse on a busy host: docs/TACTICS.md), so every multi-thread region pays a futex
+Threads are not free. The ``row`` and ``col`` schedules of a static kernel run on the graph's
+task pool (``ap_kernel_launch_pool``, kernel_pool.h; ``Target.pool_overhead_us``); the ``split``
+schedule and jit kernels run OpenMP with ``OMP_WAIT_POLICY=PASSIVE`` (spinning
+teams collapse on a busy host: docs/TACTICS.md), so every such region pays a futex
 wake-up of the sleeping team and every barrier inside it a futex round trip
 (``Target.parallel_overhead_us`` / ``barrier_us``, measured with ``bench/omp_wakeup.py``). A
 kernel whose single-thread estimate is small therefore ranks its ``block_dim 1`` candidates
@@ -46,7 +48,9 @@ class Target:
     core busy (``bench/omp_wakeup.py``; spinning makes them 0.4 µs on a quiet core and
     milliseconds on a busy one, so the passive numbers are the ones to plan with). The build
     measures the wake-up on its host (``HostProfile.omp_wake_us``: 50-80 µs on a KVM guest whose
-    idle vCPUs halt); 8 µs is the fallback."""
+    idle vCPUs halt); 8 µs is the fallback. A static kernel's ``row`` and ``col`` schedules run
+    their tasks on the graph's task pool instead (kernel_pool.h: the caller starts at once, a late
+    worker takes fewer tasks): ``pool_overhead_us``, as the generated GEMMs' fork/join."""
 
     cores: int
     l2_bytes: int = 1 << 20
@@ -55,6 +59,7 @@ class Target:
     task_overhead_us: float = 0.05
     parallel_overhead_us: float = 8.0
     barrier_us: float = 3.0
+    pool_overhead_us: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -129,8 +134,8 @@ def estimate_us(spec: KernelSpec, params: dict, target: Target) -> float:
         tail = (inner % lanes) / max(inner, 1)
         vec_eff = max(0.15, min(1.0, inner / (4 * lanes)) * (1 - tail * 0.5))
         t += elems * _flops_per_element(spec) / (2.0e3 * lanes * vec_eff * bd)
-    if bd > 1:
-        t += target.parallel_overhead_us
+    if bd > 1:  # split: an OpenMP team (its barriers); row / col: the task pool
+        t += target.parallel_overhead_us if sched == "split" else target.pool_overhead_us
     if sched == "row":
         tasks = math.ceil(rows / params["rpt"])
         per_thread = math.ceil(tasks / bd)
