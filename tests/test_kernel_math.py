@@ -27,7 +27,7 @@ KERNEL_FLAGS = [
     "-fno-math-errno", "-fno-trapping-math",
 ]
 
-UNARY = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "nearbyint",
+UNARY = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "gelu", "nearbyint",
          "round_bf16", "round_f16"]
 
 # Each loop sits on its own line, tagged with the function name, so that -fopt-info reports can be
@@ -222,6 +222,26 @@ def test_unary_accuracy(lib, name, rng, ulp_torch, ulp_ref):
     _same_specials(got, _torch(name, x))
     assert _ulp_error(got, _torch(name, x)) <= ulp_torch
     assert _ulp_error(got, _torch64(name, x)) <= ulp_ref
+
+
+def test_gelu_is_within_float_rounding_of_the_exact_gelu(lib):
+    """ap_gelu (the GELU epilogue of every generated kernel) against float64 and torch's float32
+    F.gelu: absolute error a few 1e-7 (the float32 accuracy rule's atol is 1e-5), relative 2e-4 at
+    most where |gelu| > 1e-3 (the negative tail), specials as eager."""
+    x = _inputs(-12.0, 12.0)
+    x = x[np.abs(x) < 1e30]  # gelu's x/2 * (1 + erf) overflows far before
+    got = lib.f("gelu", x).astype(np.float64)
+    ref = torch.nn.functional.gelu(torch.from_numpy(x).double()).numpy()
+    fin = np.isfinite(ref)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(got[~fin & ~np.isnan(ref)],
+                                                                            ref[~fin & ~np.isnan(ref)])
+    bound = 4.2e-7 + 1.2e-7 * np.abs(ref[fin])     # the erfc formula's, then float rounding
+    err = np.abs(got[fin] - ref[fin])
+    assert (err <= bound).all(), (err - bound).max()
+    big = fin & (np.abs(ref) > 1e-3)
+    assert (np.abs(got[big] - ref[big]) / np.abs(ref[big])).max() < 2e-4
+    eager = torch.nn.functional.gelu(torch.from_numpy(x)).numpy().astype(np.float64)
+    assert (np.abs(got[fin] - eager[fin]) <= bound + np.abs(eager[fin] - ref[fin])).all()  # eager's 1 + erf cancels too
 
 
 def test_small_arguments_relative(lib):

@@ -67,7 +67,7 @@ EPILOGUE = MappingProxyType({op.name: op for op in (
     EpilogueOp("gelu", False, "aten::gelu", F.gelu, 12, 60, aten_kwargs=(("approximate", "none"),),
                pattern=(("aten.mul.Tensor", ("v", 0.5)), ("aten.mul.Tensor", ("v", 0.7071067811865476)),
                         ("aten.erf.default", (1,)), ("aten.add.Tensor", (2, 1)), ("aten.mul.Tensor", (0, 3))),
-               onednn=("gelu", "none"), c="v = v * 0.5f * (1.0f + ap_erf(v * 0.70710678118654752f));"),
+               onednn=("gelu", "none"), c="v = ap_gelu(v);"),
     EpilogueOp("gelu_tanh", False, "aten::gelu", lambda t: F.gelu(t, approximate="tanh"), 12, 35,
                aten_kwargs=(("approximate", "tanh"),),
                pattern=(("aten.mul.Tensor", ("v", "v")), ("aten.mul.Tensor", (0, "v")),

@@ -8,10 +8,16 @@ arrives otherwise is copied, in the candidate's timing as in the graph) and a ma
 contiguous tensor, and writes the ``[B, L, H, Ev]`` memory flash attention returns. Like the other
 generated kernels a candidate is verified in the kernel sandbox before it is timed, and a chosen
 one launches from graph.cpp (its library a bundle member).
+
+With ``--precision bf16`` / ``auto`` on a host with AMX-BF16 the same steps also get the AMX
+bfloat16 kernel's candidates (family ``attention_amx_bf16``, :mod:`ascendc_pack.kernels.attention.amx`):
+the same spec, inputs and output, Q·Kᵀ and P·V on the tile unit, verified within the bf16 step
+tolerance and chosen by the precision search; the bundle then requires ``amx_bf16``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -21,8 +27,10 @@ from ascendc_pack_runtime.tensor_meta import contiguous_strides
 import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.autotune.verify import verify_in_sandbox
 from ascendc_pack.ir.program import TacticStep, TensorSpec
+import ascendc_pack.kernels.attention.amx as amx_attention
 from ascendc_pack.kernels.attention.generator import AttnKernel, AttnSpec, AttnSpecError, plan
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
+from ascendc_pack.tactics.families.gemm import OnAmx, low_precision_check
 
 log = logging.getLogger("ascendc_pack")
 
@@ -116,7 +124,7 @@ class AttnKernelRunner:
         spec = self.t.spec
         return verify_in_sandbox(sandbox, self.t.so_path, self.t.candidate.workspace, self.ins,
                                  (spec.out_shape, torch.float32, spec.out_strides), timeout_s, expected, ref64,
-                                 lambda x: x.reshape(spec.out_shape))
+                                 lambda x: x.reshape(spec.out_shape), check=low_precision_check(self.t))
 
     def values(self) -> dict[str, TensorSpec]:
         return {"out": TensorSpec.of(self.out)}
@@ -125,4 +133,20 @@ class AttnKernelRunner:
 ATTENTION = AttentionFamily()
 
 
-__all__ = ["ATTENTION", "AttentionFamily", "AttnKernelRunner", "attention_spec"]
+class AmxAttentionFamily(OnAmx, AttentionFamily):
+    """The same steps in bfloat16 on the AMX tile unit (:mod:`ascendc_pack.kernels.attention.amx`)."""
+
+    name = "attention_amx_bf16"
+
+    def spec_of(self, step: TacticStep, values: dict) -> AttnSpec | None:
+        spec = attention_spec(step, values)
+        return None if spec is None else dataclasses.replace(spec, name=spec.name.replace("attention_", "attention_amx_", 1))
+
+    def plan(self, spec: AttnSpec, config, target):
+        return amx_attention.plan(spec, config, target)
+
+
+AMX_ATTENTION = AmxAttentionFamily()
+
+
+__all__ = ["AMX_ATTENTION", "ATTENTION", "AmxAttentionFamily", "AttentionFamily", "AttnKernelRunner", "attention_spec"]

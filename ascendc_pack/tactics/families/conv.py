@@ -47,9 +47,8 @@ from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
 from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
 from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, ConvKernel, WinogradKernel
-from ascendc_pack.kernels.gemm.amx import FEATURE as AMX_FEATURE, amx_offered
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
-from ascendc_pack.tactics.families.gemm import epilogue_steps, low_precision_check
+from ascendc_pack.tactics.families.gemm import OnAmx, epilogue_steps, low_precision_check
 from ascendc_pack.tactics.rewrite import CL as CL_NAME  # a step description's layout
 
 log = logging.getLogger("ascendc_pack")
@@ -190,24 +189,8 @@ class ConvFamily(KernelFamily):
         return run
 
 
-class AmxConvFamily(ConvFamily):
-    """Dense convolutions in bfloat16 on the AMX tile unit (:mod:`ascendc_pack.kernels.conv.amx`):
-    low-precision candidates like the AMX GEMM family's (verified within the bf16 step tolerance,
-    chosen by the precision search; the bundle then requires ``amx_bf16``)."""
-
-    precision = "bf16"
-
-    def offered(self) -> str | None:
-        from ascendc_pack.toolchain.compiler import host_cpu_flags
-
-        return amx_offered(host_cpu_flags())
-
-    def param(self, t: KernelTactic, key: str, default=None):
-        if key == "precision":
-            return self.precision
-        if key == "feature":
-            return AMX_FEATURE
-        return super().param(t, key, default)
+class AmxConvFamily(OnAmx, ConvFamily):
+    """Dense convolutions in bfloat16 on the AMX tile unit (:mod:`ascendc_pack.kernels.conv.amx`)."""
 
 
 def _x_layout(t: KernelTactic) -> str:

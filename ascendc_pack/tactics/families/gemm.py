@@ -248,20 +248,33 @@ def low_precision_check(t: KernelTactic):
 GEMM = GemmFamily()
 
 
-class AmxBf16Family(GemmFamily):
-    """The same steps' GEMMs computed in bfloat16 on the AMX tile unit
-    (:mod:`ascendc_pack.kernels.gemm.amx`): low-precision candidates (``precision`` ``bf16``),
-    offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16, verified against the
-    step's float32 reference within the bf16 step tolerance, chosen by the precision search like
-    the oneDNN bfloat16 tactics. The bundle then requires ``amx_bf16``."""
+class OnAmx:
+    """What the AMX bfloat16 families share (a mixin before their float32 family): low-precision
+    candidates (``precision`` ``bf16``), offered with ``--precision bf16`` / ``auto`` on a host with
+    AMX-BF16, verified against the step's float32 reference within the bf16 step tolerance, chosen
+    by the precision search like the oneDNN bfloat16 tactics; the bundle then requires
+    ``amx_bf16`` (their ``feature``)."""
 
-    name = "gemm_amx_bf16"
     precision = "bf16"
 
     def offered(self) -> str | None:
         from ascendc_pack.toolchain.compiler import host_cpu_flags
 
         return amx_offered(host_cpu_flags())
+
+    def param(self, t: KernelTactic, key: str, default=None):
+        if key == "precision":
+            return self.precision
+        if key == "feature":
+            return AMX_FEATURE
+        return super().param(t, key, default)
+
+
+class AmxBf16Family(OnAmx, GemmFamily):
+    """The same steps' GEMMs computed in bfloat16 on the AMX tile unit
+    (:mod:`ascendc_pack.kernels.gemm.amx`)."""
+
+    name = "gemm_amx_bf16"
 
     def spec_of(self, step: TacticStep, values: dict) -> GemmSpec | None:
         spec = gemm_spec(step, values)
@@ -272,16 +285,9 @@ class AmxBf16Family(GemmFamily):
     def plan(self, spec: GemmSpec, config, target):
         return amx_plan(spec, config, target)
 
-    def param(self, t: KernelTactic, key: str, default=None):
-        if key == "precision":
-            return self.precision
-        if key == "feature":
-            return AMX_FEATURE
-        return super().param(t, key, default)
-
 
 AMX_BF16 = AmxBf16Family()
 
 
-__all__ = ["GEMM", "AMX_BF16", "AmxBf16Family", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw",
+__all__ = ["GEMM", "AMX_BF16", "AmxBf16Family", "OnAmx", "GemmFamily", "GemmRunner", "gemm_spec", "conv_gemm_spec", "rows_nchw",
            "conv_gemm_weights", "epilogue_steps", "low_precision_check", "CONV_TILINGS"]

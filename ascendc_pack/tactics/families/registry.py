@@ -27,6 +27,7 @@ SHIPPED = MappingProxyType({
     "winograd": "ascendc_pack.tactics.families.conv:WINOGRAD",
     "conv_amx_bf16": "ascendc_pack.tactics.families.conv:AMX_CONV",
     "attention": "ascendc_pack.tactics.families.attention:ATTENTION",
+    "attention_amx_bf16": "ascendc_pack.tactics.families.attention:AMX_ATTENTION",
 })
 """Shipped families, in the order their candidates join a step's (after the dispatcher tactics)."""
 
