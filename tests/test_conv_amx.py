@@ -15,7 +15,7 @@ from ascendc_pack.config import BuildConfig
 from ascendc_pack.kernels import family
 from ascendc_pack.kernels.conv import amx
 from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
-from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, eager_reference, random_operands
+from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, AmxDirectConvKernel, eager_reference, random_operands
 from ascendc_pack.kernels.gemm.amx import amx_offered
 from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.tactics.dispatch.lowp import STEP_TOLERANCE
@@ -37,13 +37,26 @@ SPECS = [
 ]
 
 
+DIRECT_SPECS = [   # the direct variant: input channels a multiple of 32
+    ConvSpec.from_conv("amxd_block", (2, 32, 9, 11), (48, 32, 3, 3), 1, 1, bias=True, epilogue=("add", "relu")),
+    ConvSpec.from_conv("amxd_down", (1, 64, 14, 13), (40, 64, 3, 3), 2, 1, epilogue=("gelu",)),     # O off 16
+    ConvSpec.from_conv("amxd_dilated", (1, 32, 13, 13), (32, 32, 3, 3), 1, 2, dilation=2, epilogue=("silu",)),
+    ConvSpec.from_conv("amxd_1x1s2", (1, 64, 12, 12), (24, 64, 1, 1), 2, 0, bias=True),
+    ConvSpec.from_conv("amxd_rect", (1, 32, 10, 37), (40, 32, 1, 5), (1, 2), (0, 2), bias=True, epilogue=("add",)),
+]
+KERNELS = {amx.GENERATOR.name: AmxConvKernel, amx.DIRECT.name: AmxDirectConvKernel}
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     if WHY_NOT is not None:
         pytest.skip(f"no AMX bfloat16 here: {WHY_NOT}")
     config = BuildConfig.resolve(cache_dir=build_root(tmp_path_factory) / "build_cache", jobs=2, topn=6)
     target = CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
-    return dict(zip([s.name for s in SPECS], family.compile_all(amx.GENERATOR, SPECS, config, target)))
+    builds = family.compile_all(amx.GENERATOR, SPECS, config, target)
+    direct = family.compile_all(amx.DIRECT, DIRECT_SPECS, config, target)
+    return {**{s.name: (amx.GENERATOR.name, b) for s, b in zip(SPECS, builds)},
+            **{s.name: (amx.DIRECT.name, b) for s, b in zip(DIRECT_SPECS, direct)}}
 
 
 def _rounded_reference(spec: ConvSpec, x, w, bias, res):
@@ -57,18 +70,18 @@ def _rounded_reference(spec: ConvSpec, x, w, bias, res):
 
 
 @needs_amx
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", SPECS + DIRECT_SPECS, ids=lambda s: s.name)
 def test_every_amx_conv_candidate_matches_eager(spec, compiled):
-    """Every tiling: within the bf16 step tolerance of float32 eager, and within float32 rounding
-    of the same convolution on bfloat16-rounded operands (a gather, padding or packing error
-    shows there at once)."""
+    """Every tiling (im2col and direct): within the bf16 step tolerance of float32 eager, and
+    within float32 rounding of the same convolution on bfloat16-rounded operands (a gather,
+    padding, strip or packing error shows there at once)."""
     x, w, bias, res = random_operands(spec, seed=spec.c_in)
     want32, want_rounded = eager_reference(spec, x, w, bias, res), _rounded_reference(spec, x, w, bias, res)
-    build = compiled[spec.name]
+    generator, build = compiled[spec.name]
     assert len(build.candidates) >= 2
     for cc in build.compiled.candidates:
         assert cc.ok, cc.error
-        k = AmxConvKernel(spec, cc.so_path, cc.candidate.kernel_key)
+        k = KERNELS[generator](spec, cc.so_path, cc.candidate.kernel_key)
         got = k(x, k.prepare_weight(w), bias, res)
         assert got.is_contiguous(memory_format=torch.channels_last)
         assert relative_error(want32, got) <= STEP_TOLERANCE["bf16"], cc.candidate.tiling_repr
@@ -94,14 +107,20 @@ def test_which_convolutions_have_an_amx_kernel():
     assert "NHWC" in amx.amx_conv_applies(nchw)
     assert "output channels" in amx.amx_conv_applies(ConvSpec.from_conv("b", (1, 16, 8, 8), (8, 16, 3, 3)))
     assert amx.amx_conv_applies(ConvSpec.from_conv("c", (1, 3, 8, 8), (16, 3, 3, 3))) is None
+    assert "32 of one tap" in amx.direct_applies(ConvSpec.from_conv("d", (1, 48, 8, 8), (16, 48, 3, 3)))
+    assert amx.direct_applies(ConvSpec.from_conv("e", (1, 64, 8, 8), (16, 64, 3, 3))) is None
     with pytest.raises(ConvSpecError, match="no AMX kernel"):
         amx.render(nchw, None, "")
+    thin = ConvSpec.from_conv("f", (1, 48, 8, 8), (16, 48, 3, 3))
+    with pytest.raises(ConvSpecError, match="no direct AMX kernel"):
+        amx.render(thin, amx.propose_direct(ConvSpec.from_conv("f", (1, 64, 8, 8), (16, 64, 3, 3)),
+                                            CpuTarget.detect(2))[0], "")
 
 
 @needs_amx
 def test_a_misuse_of_the_kernel_names_the_fix(compiled):
     spec = SPECS[1]
-    cc = compiled[spec.name].compiled.candidates[0]
+    cc = compiled[spec.name][1].compiled.candidates[0]
     k = AmxConvKernel(spec, cc.so_path, cc.candidate.kernel_key)
     x, w, bias, res = random_operands(spec)
     with pytest.raises(ConvSpecError, match="bfloat16.*prepare_weight"):
@@ -157,8 +176,10 @@ def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_pat
                 jobs=2, topn=2, precision="bf16", protocol=Protocol(warmup=1, min_rounds=3, max_rounds=5, time_cap_s=0.2))
     offered = [t for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_bf16"]
     assert len({t.spec.name for t in offered}) == 3, res.summary()   # each dense convolution got candidates
+    direct = {t.spec.name for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_direct_bf16"}
+    assert len(direct) == 2, res.summary()                            # the two on 32 channels, not the stem
     for ch in res.tactics.values():                                    # every AMX candidate verified
-        assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family == "conv_amx_bf16")
+        assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family.startswith("conv_amx"))
     assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)
     x = loaded.example_inputs[0]
     with torch.no_grad():
@@ -166,5 +187,5 @@ def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_pat
     with rt.load(out) as model:
         assert relative_error(want, model(x)) <= res.precision.budget
     chosen = {ch.candidates[u["chosen_index"]].family for ch in res.tactics.values() for u in ch.uses}
-    if "conv_amx_bf16" in chosen:   # PGO's pick (timed, so not asserted): then the bundle requires AMX
+    if chosen & {"conv_amx_bf16", "conv_amx_direct_bf16"}:   # PGO's pick (timed, not asserted): then AMX is required
         assert "amx_bf16" in rt.read_manifest(out).precision.requires

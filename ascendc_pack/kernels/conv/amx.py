@@ -10,6 +10,13 @@ and packed at build by :func:`pack_weight`; the bias, a residual ``add`` and an 
 float32 on the tile results. The kernel ABI is the direct convolution's (``x``, packed weight,
 bias, residual; channels_last ``y``), so the graph launches it like one.
 
+**Direct** (:data:`DIRECT`, ``c_in`` a multiple of 32): the im2col copies every input value
+``kh·kw`` times (as much work as the tile products for resnet18's 3x3 convolutions), so this
+variant instead rounds ``x`` once per call, with its zero padding, into the shared workspace, and
+reads every A tile from it in place: 16 consecutive output pixels of one row (a strip; the pixels
+past the row's end are computed and dropped) at one tap and 32 channels, rows ``stride·C`` apart.
+Its tasks are output rows of an image times column blocks (:class:`AmxDirectTiling`).
+
 Why: on this host oneDNN's bfloat16 convolutions left resnet18 at 6.1 ms where OpenVINO's bfloat16
 runs it in 2.5; they wake an OpenMP team per call and keep activations in bfloat16 between steps
 (a cast kernel on each side). Offered only with ``--precision bf16`` / ``auto`` on a host with
@@ -25,7 +32,8 @@ import torch
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.kernels import family
 from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
-from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate
+from ascendc_pack.ir.candidate import Candidate
+from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.gemm.amx import TEMPLATE_NAME, AmxTiling, rank, space, thread_bytes, workspace_bytes
 from ascendc_pack.kernels.gemm.generator import _epilogue_lines
@@ -89,6 +97,80 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return b.to(torch.bfloat16).view(-1, 2, panels, 16).permute(2, 0, 3, 1).contiguous()
 
 
+@dataclass(frozen=True)
+class AmxDirectTiling(Tiling):
+    """``mr`` 16 or 32 (one or two strips a block), ``nr`` 16 or 32 columns, ``rows`` output rows
+    of one image a task, ``nc`` columns a task, ``bd`` threads."""
+
+    mr: int
+    nr: int
+    rows: int
+    nc: int
+    bd: int
+
+    error = ConvSpecError
+    kind = "direct AMX convolution"
+
+
+def direct_applies(spec: ConvSpec) -> str | None:
+    """Why ``spec`` has no direct AMX kernel (None: it has)."""
+    why = amx_conv_applies(spec)
+    if why is None and spec.c_in % 32:
+        why = f"{spec.c_in} input channels (a tile reads 32 of one tap)"
+    return why
+
+
+def xp_bytes(spec: ConvSpec) -> int:
+    """The rounded, zero-padded x ([n][h + 2p][w + 2p][c] bfloat16) and the slack a last strip reads."""
+    hp, wp = spec.h + 2 * spec.padding[0], spec.w + 2 * spec.padding[1]
+    return -(-(spec.n * hp * wp * spec.c_in + 16 * spec.stride[1] * spec.c_in + 32) * 2 // 64) * 64
+
+
+def direct_workspace(spec: ConvSpec, t: AmxDirectTiling) -> int:
+    return xp_bytes(spec) + t.bd * 256 * (t.mr // 16) * (t.nr // 16) * 4 + 64
+
+
+def direct_estimate_us(spec: ConvSpec, t: AmxDirectTiling, target: CpuTarget) -> float:
+    """Rank-only estimate (µs): rounding x (split over the threads), per task its strip blocks'
+    tile products (16 cycles each, a block's loads beside them) and epilogues, the busiest thread,
+    two fork/joins of the pool when threaded."""
+    strips_per_row = -(-spec.ow // 16)
+    ksteps = spec.kh * spec.kw * spec.c_in // 32
+    tm, tn = t.mr // 16, t.nr // 16
+
+    def task(rows: int, cols: int) -> float:
+        blocks = -(-rows * strips_per_row // tm) * -(-cols // t.nr)
+        return 200 + blocks * (ksteps * (max(16 * tm * tn, 10 * (tm + tn)) + 4) + 40 * tm * tn + 16 * tm * tn * 8)
+
+    tasks = [task(min(t.rows, spec.oh - r), min(t.nc, spec.c_out - j))
+             for j in range(0, spec.c_out, t.nc) for _ in range(spec.n) for r in range(0, spec.oh, t.rows)]
+    loads = [0.0] * t.bd
+    for c in sorted(tasks, reverse=True):
+        loads[loads.index(min(loads))] += c
+    rounding = spec.n * (spec.h + 2 * spec.padding[0]) * (spec.w + 2 * spec.padding[1]) * spec.c_in / 16 * 2 / t.bd
+    return (max(loads) + rounding) / (target.ghz * 1e3) + (8.0 if t.bd > 1 else 0.0)
+
+
+def propose_direct(spec: ConvSpec, target: CpuTarget, topn: int = 6) -> list[KernelCandidate]:
+    """Up to ``min(topn, 6)`` distinct candidates, best (lowest estimate) first: strips 1 or 2 a
+    block, 16 or 32 columns a block, every core or one, rows per task balancing the threads."""
+    out, seen = [], set()
+    for bd in sorted({1, target.cores}):
+        for rows in sorted({max(1, -(-spec.oh // (k * bd))) for k in (1, 2, 4)}):
+            for mr in (32, 16):
+                for nr in (32, 16):
+                    if nr > 16 and spec.c_out <= 16:
+                        continue
+                    nc = -(-spec.c_out // nr) * nr
+                    t = AmxDirectTiling(mr, nr, rows, nc, bd)
+                    cand = Candidate(t.tiling_repr, direct_workspace(spec, t), bd)
+                    if cand.kernel_key not in seen:
+                        seen.add(cand.kernel_key)
+                        out.append(KernelCandidate(t, cand, direct_estimate_us(spec, t, target)))
+    out.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
+    return out[:max(1, min(topn, 6))]
+
+
 def propose(spec: ConvSpec, target: CpuTarget, topn: int = 6) -> list[KernelCandidate]:
     """Up to ``min(topn, 6)`` distinct candidates, best (lowest estimate) first; a row's gather
     costs about two strided rows' rounding (one run per tap)."""
@@ -97,22 +179,27 @@ def propose(spec: ConvSpec, target: CpuTarget, topn: int = 6) -> list[KernelCand
 
 
 def render(spec: ConvSpec, cand: KernelCandidate, isa: str) -> str:
-    """C++ source of one candidate (shapes and tiling compiled in)."""
-    why = amx_conv_applies(spec)
+    """C++ source of one candidate (shapes and tiling compiled in; a :class:`AmxDirectTiling`
+    renders the direct variant)."""
+    direct = cand is not None and isinstance(cand.tiling, AmxDirectTiling)
+    why = direct_applies(spec) if direct else amx_conv_applies(spec)
     if why is not None:
-        raise ConvSpecError(f"direct conv {spec.name}: no AMX kernel: {why}")
+        raise ConvSpecError(f"direct conv {spec.name}: no {'direct ' if direct else ''}AMX kernel: {why}")
     g, t, c = implicit_gemm(spec), cand.tiling, cand.candidate
     conv = dict(n=spec.n, h=spec.h, w=spec.w, c=spec.c_in, oh=spec.oh, ow=spec.ow, kh=spec.kh, kw=spec.kw,
-                stride=spec.stride, padding=spec.padding, dilation=spec.dilation)
+                stride=spec.stride, padding=spec.padding, dilation=spec.dilation, direct=direct)
+    per_thread = 256 * (t.mr // 16) * (t.nr // 16) * 4 if direct else thread_bytes(g, t)
     return template_env().get_template(TEMPLATE_NAME).render(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
         block_dim=c.block_dim, isa=isa, m=g.m, n=g.n, k=g.k, conv=conv, bias=spec.bias,
-        residuals=[(0, g.n, 1)] if spec.residual else [], t=t, thread_bytes=thread_bytes(g, t),
-        n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
+        residuals=[(0, g.n, 1)] if spec.residual else [], t=t, thread_bytes=per_thread,
+        xp_bytes=xp_bytes(spec), n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
 
 
 GENERATOR = Generator("conv_amx", __name__, TEMPLATE_NAME, propose, render, AmxConvTiling,
                       lambda spec, t: workspace_bytes(implicit_gemm(spec), t))
+DIRECT = Generator("conv_amx_direct", __name__, TEMPLATE_NAME, propose_direct, render, AmxDirectTiling,
+                   direct_workspace, direct_estimate_us)
 
 
 def plan(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
@@ -120,5 +207,11 @@ def plan(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None) -
     return family.plan(GENERATOR, spec, config, target)
 
 
-__all__ = ["AmxConvTiling", "GENERATOR", "ImplicitGemm", "MIN_CHANNELS", "amx_conv_applies", "implicit_gemm",
-           "pack_weight", "packed_shape", "plan", "propose", "render"]
+def plan_direct(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
+    """The direct variant's :func:`plan`."""
+    return family.plan(DIRECT, spec, config, target)
+
+
+__all__ = ["AmxConvTiling", "AmxDirectTiling", "DIRECT", "GENERATOR", "ImplicitGemm", "MIN_CHANNELS",
+           "amx_conv_applies", "direct_applies", "implicit_gemm", "pack_weight", "packed_shape", "plan", "plan_direct",
+           "propose", "propose_direct", "render", "xp_bytes"]

@@ -122,6 +122,12 @@ class AmxConvKernel(ConvKernel):
         return amx.pack_weight(weight)
 
 
+class AmxDirectConvKernel(AmxConvKernel):
+    """A candidate of the direct AMX convolution (its tiling: :class:`~ascendc_pack.kernels.conv.amx.AmxDirectTiling`)."""
+
+    tiling_type = amx.AmxDirectTiling
+
+
 def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None) -> torch.Tensor:
     """What eager PyTorch computes for ``spec``: ``F.conv2d`` on ``x`` ([N, C, H, W], any layout)
     with the ``[O, C, kh, kw]`` weight, then the epilogue steps with torch's ops."""
@@ -144,4 +150,4 @@ def random_operands(spec: ConvSpec, seed: int = 0):
     return x, weight, bias, residual
 
 
-__all__ = ["AmxConvKernel", "ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]
+__all__ = ["AmxConvKernel", "AmxDirectConvKernel", "ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]

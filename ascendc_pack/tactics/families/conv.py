@@ -15,7 +15,9 @@ activation fused:
 * ``conv_amx_bf16`` (:mod:`ascendc_pack.kernels.conv.amx`, docs/GEMM.md): the dense convolutions of
   ``directconv`` as implicit GEMMs in bfloat16 on the AMX tile unit, a low-precision candidate
   (offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16; the bundle then requires
-  ``amx_bf16``); weight rounded and packed at build.
+  ``amx_bf16``); weight rounded and packed at build;
+* ``conv_amx_direct_bf16``: those with a multiple of 32 input channels once more, x rounded once
+  and every A tile read from it in place (no im2col).
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
@@ -46,7 +48,7 @@ from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
 from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
-from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, ConvKernel, WinogradKernel
+from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, AmxDirectConvKernel, ConvKernel, WinogradKernel
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 from ascendc_pack.tactics.families.gemm import OnAmx, epilogue_steps, low_precision_check
 from ascendc_pack.tactics.rewrite import CL as CL_NAME  # a step description's layout
@@ -119,6 +121,14 @@ def _amx_spec(step: TacticStep):
     if spec is None or amxconv.amx_conv_applies(spec) is not None:
         return None
     return dataclasses.replace(spec, name=spec.name.replace("directconv_", "conv_amx_", 1))
+
+
+def _amx_direct_spec(step: TacticStep):
+    """The direct AMX convolution of a step ``conv_amx_bf16`` takes with ``c_in`` a multiple of 32."""
+    spec = _direct_spec(step)
+    if spec is None or amxconv.direct_applies(spec) is not None:
+        return None
+    return dataclasses.replace(spec, name=spec.name.replace("directconv_", "conv_amxd_", 1))
 
 
 def _winograd_spec(step: TacticStep):
@@ -219,6 +229,9 @@ WINOGRAD = ConvFamily("winograd", _winograd_spec, directconv.ConvSpec.from_json,
                       WINOGRAD_TILINGS)
 AMX_CONV = AmxConvFamily("conv_amx_bf16", _amx_spec, directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
                          lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
+AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_direct_spec, directconv.ConvSpec.from_json,
+                                amxconv.plan_direct, AmxDirectConvKernel, lambda w, cand: amxconv.pack_weight(w),
+                                AMX_TILINGS)
 
 
 MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
@@ -278,4 +291,4 @@ class ConvKernelRunner:
 
 
 __all__ = ["AmxConvFamily", "ConvFamily", "ConvKernelRunner", "DWCONV", "DIRECTCONV", "DIRECTCONV_NCHW", "WINOGRAD",
-           "AMX_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]
+           "AMX_CONV", "AMX_DIRECT_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]
