@@ -34,6 +34,12 @@ SPECS = [
     ConvSpec.from_conv("amxc_1x1s2", (1, 64, 12, 12), (24, 64, 1, 1), 2, 0, bias=True),              # O off 16
     ConvSpec.from_conv("amxc_dilated", (1, 16, 13, 13), (16, 16, 3, 3), 1, 2, dilation=2, epilogue=("silu",)),
     ConvSpec.from_conv("amxc_rect", (1, 24, 10, 17), (40, 24, 1, 5), (1, 2), (0, 2), bias=True, epilogue=("add",)),
+    # x NCHW, read in place (an entry convolution; taps ordered (i, c, j))
+    ConvSpec.from_conv("amxc_stem_nchw", (1, 3, 30, 26), (32, 3, 7, 7), 2, 3, bias=True, epilogue=("relu",),
+                       x_layout="nchw"),
+    ConvSpec.from_conv("amxc_patch_nchw", (2, 3, 32, 48), (24, 3, 16, 16), 16, 0, bias=True, x_layout="nchw"),
+    ConvSpec.from_conv("amxc_dilated_nchw", (1, 5, 11, 9), (16, 5, 3, 3), 1, 2, dilation=2, epilogue=("add", "relu"),
+                       x_layout="nchw"),
 ]
 
 
@@ -88,6 +94,14 @@ def test_every_amx_conv_candidate_matches_eager(spec, compiled):
         assert relative_error(want_rounded, got) < 1e-5, cc.candidate.tiling_repr
 
 
+def test_the_nchw_packing_orders_taps_by_row_channel_column():
+    w = torch.randn(20, 3, 2, 3)
+    p = amx.pack_weight(w, "nchw")
+    for o, c, i, j in ((0, 0, 0, 0), (19, 2, 1, 2), (17, 1, 0, 2), (5, 2, 1, 0)):
+        k = (i * 3 + c) * 3 + j
+        assert p[o // 16, k // 2, o % 16, k % 2] == w[o, c, i, j].bfloat16()
+
+
 def test_the_packed_weight_is_the_tile_layout():
     """packed[p, k // 2, j, k % 2] = W[16p + j] at tap k = (i * kw + j') * C + c, bfloat16, zero past O and K."""
     w = torch.randn(20, 3, 2, 3)
@@ -103,14 +117,17 @@ def test_the_packed_weight_is_the_tile_layout():
 
 
 def test_which_convolutions_have_an_amx_kernel():
-    nchw = ConvSpec.from_conv("a", (1, 16, 8, 8), (16, 16, 3, 3), x_layout="nchw")
-    assert "NHWC" in amx.amx_conv_applies(nchw)
+    nchw = ConvSpec.from_conv("a", (1, 64, 8, 8), (16, 64, 3, 3), x_layout="nchw")
+    assert amx.amx_conv_applies(nchw) is None and "NHWC" in amx.direct_applies(nchw)
+    res_nchw = ConvSpec.from_conv("r", (1, 16, 8, 8), (16, 16, 3, 3), 1, 1, epilogue=("add",), x_layout="nchw",
+                                  residual_layout="nchw")
+    assert "residual" in amx.amx_conv_applies(res_nchw)
     assert "output channels" in amx.amx_conv_applies(ConvSpec.from_conv("b", (1, 16, 8, 8), (8, 16, 3, 3)))
     assert amx.amx_conv_applies(ConvSpec.from_conv("c", (1, 3, 8, 8), (16, 3, 3, 3))) is None
     assert "32 of one tap" in amx.direct_applies(ConvSpec.from_conv("d", (1, 48, 8, 8), (16, 48, 3, 3)))
     assert amx.direct_applies(ConvSpec.from_conv("e", (1, 64, 8, 8), (16, 64, 3, 3))) is None
     with pytest.raises(ConvSpecError, match="no AMX kernel"):
-        amx.render(nchw, None, "")
+        amx.render(res_nchw, None, "")
     thin = ConvSpec.from_conv("f", (1, 48, 8, 8), (16, 48, 3, 3))
     with pytest.raises(ConvSpecError, match="no direct AMX kernel"):
         amx.render(thin, amx.propose_direct(ConvSpec.from_conv("f", (1, 64, 8, 8), (16, 64, 3, 3)),
@@ -178,6 +195,8 @@ def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_pat
     assert len({t.spec.name for t in offered}) == 3, res.summary()   # each dense convolution got candidates
     direct = {t.spec.name for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_direct_bf16"}
     assert len(direct) == 2, res.summary()                            # the two on 32 channels, not the stem
+    nchw = {t.spec.name for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_nchw_bf16"}
+    assert len(nchw) == 1, res.summary()                              # the stem, reading the NCHW input in place
     for ch in res.tactics.values():                                    # every AMX candidate verified
         assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family.startswith("conv_amx"))
     assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)

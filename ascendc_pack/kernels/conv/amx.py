@@ -66,9 +66,11 @@ def implicit_gemm(spec: ConvSpec) -> ImplicitGemm:
 
 
 def amx_conv_applies(spec: ConvSpec) -> str | None:
-    """Why ``spec`` has no AMX kernel (None: it has)."""
-    if spec.x_layout != "nhwc" or spec.residual_layout != "nhwc":
-        return "x and the residual must be NHWC (channels_last)"
+    """Why ``spec`` has no AMX kernel (None: it has). ``x`` may be NCHW (an entry convolution read
+    in place: its taps ordered (i, c, j), each kernel row of a channel one run of x); the residual
+    is read NHWC."""
+    if spec.residual and spec.residual_layout != "nhwc":
+        return "the residual must be NHWC (channels_last)"
     if spec.c_out < MIN_CHANNELS:
         return f"{spec.c_out} output channels (a tile has {MIN_CHANNELS} columns)"
     return None
@@ -83,17 +85,19 @@ def packed_shape(spec: ConvSpec) -> tuple[int, int, int, int]:
     return (-(-spec.c_out // 16), _kp(spec.kh * spec.kw * spec.c_in) // 2, 16, 2)
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor, x_layout: str = "nhwc") -> torch.Tensor:
     """A dense weight ``[O, C, kh, kw]`` rounded to bfloat16 (to nearest even) in the layout the
     tile unit reads: 16-column panels of k pairs, ``packed[p, k // 2, j, k % 2] = W[16p + j]`` at
-    tap ``k = (i * kw + j') * C + c``; zero past O and past K."""
+    tap ``k = (i * kw + j') * C + c`` (``x_layout`` ``"nchw"``: ``k = (i * C + c) * kw + j'``);
+    zero past O and past K."""
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         raise ConvSpecError(f"a dense convolution weight is a [O, C, kh, kw] tensor, got "
                             f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
     o, c, kh, kw = weight.shape
     k, panels = kh * kw * c, -(-o // 16)
     b = torch.zeros(_kp(k), panels * 16, dtype=torch.float32)
-    b[:k, :o] = weight.detach().float().permute(2, 3, 1, 0).reshape(k, o)
+    taps = (2, 3, 1, 0) if x_layout == "nhwc" else (2, 1, 3, 0)
+    b[:k, :o] = weight.detach().float().permute(*taps).reshape(k, o)
     return b.to(torch.bfloat16).view(-1, 2, panels, 16).permute(2, 0, 3, 1).contiguous()
 
 
@@ -115,6 +119,8 @@ class AmxDirectTiling(Tiling):
 def direct_applies(spec: ConvSpec) -> str | None:
     """Why ``spec`` has no direct AMX kernel (None: it has)."""
     why = amx_conv_applies(spec)
+    if why is None and spec.x_layout != "nhwc":
+        why = "x must be NHWC (channels_last)"
     if why is None and spec.c_in % 32:
         why = f"{spec.c_in} input channels (a tile reads 32 of one tap)"
     return why
@@ -187,7 +193,8 @@ def render(spec: ConvSpec, cand: KernelCandidate, isa: str) -> str:
         raise ConvSpecError(f"direct conv {spec.name}: no {'direct ' if direct else ''}AMX kernel: {why}")
     g, t, c = implicit_gemm(spec), cand.tiling, cand.candidate
     conv = dict(n=spec.n, h=spec.h, w=spec.w, c=spec.c_in, oh=spec.oh, ow=spec.ow, kh=spec.kh, kw=spec.kw,
-                stride=spec.stride, padding=spec.padding, dilation=spec.dilation, direct=direct)
+                stride=spec.stride, padding=spec.padding, dilation=spec.dilation, direct=direct,
+                nchw=spec.x_layout == "nchw")
     per_thread = 256 * (t.mr // 16) * (t.nr // 16) * 4 if direct else thread_bytes(g, t)
     return template_env().get_template(TEMPLATE_NAME).render(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,

@@ -119,7 +119,7 @@ class AmxConvKernel(ConvKernel):
         return amx.packed_shape(self.spec)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        return amx.pack_weight(weight)
+        return amx.pack_weight(weight, self.spec.x_layout)
 
 
 class AmxDirectConvKernel(AmxConvKernel):

@@ -17,7 +17,9 @@ activation fused:
   (offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16; the bundle then requires
   ``amx_bf16``); weight rounded and packed at build;
 * ``conv_amx_direct_bf16``: those with a multiple of 32 input channels once more, x rounded once
-  and every A tile read from it in place (no im2col).
+  and every A tile read from it in place (no im2col);
+* ``conv_amx_nchw_bf16``: the im2col kernel reading an entry step's NCHW ``x`` in place (the
+  3-channel stem of a CNN: no relayout of the input).
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
@@ -121,6 +123,14 @@ def _amx_spec(step: TacticStep):
     if spec is None or amxconv.amx_conv_applies(spec) is not None:
         return None
     return dataclasses.replace(spec, name=spec.name.replace("directconv_", "conv_amx_", 1))
+
+
+def _amx_nchw_spec(step: TacticStep):
+    """The AMX convolution reading an entry step's NCHW ``x`` in place (None for other steps)."""
+    spec = _direct_spec(step, in_place=True)
+    if spec is None or amxconv.amx_conv_applies(spec) is not None:
+        return None
+    return dataclasses.replace(spec, name=spec.name.replace("directconv_nchw_", "conv_amx_nchw_", 1))
 
 
 def _amx_direct_spec(step: TacticStep):
@@ -229,6 +239,8 @@ WINOGRAD = ConvFamily("winograd", _winograd_spec, directconv.ConvSpec.from_json,
                       WINOGRAD_TILINGS)
 AMX_CONV = AmxConvFamily("conv_amx_bf16", _amx_spec, directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
                          lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
+AMX_NCHW_CONV = AmxConvFamily("conv_amx_nchw_bf16", _amx_nchw_spec, directconv.ConvSpec.from_json, amxconv.plan,
+                              AmxConvKernel, lambda w, cand: amxconv.pack_weight(w, "nchw"), AMX_TILINGS)
 AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_direct_spec, directconv.ConvSpec.from_json,
                                 amxconv.plan_direct, AmxDirectConvKernel, lambda w, cand: amxconv.pack_weight(w),
                                 AMX_TILINGS)
@@ -291,4 +303,4 @@ class ConvKernelRunner:
 
 
 __all__ = ["AmxConvFamily", "ConvFamily", "ConvKernelRunner", "DWCONV", "DIRECTCONV", "DIRECTCONV_NCHW", "WINOGRAD",
-           "AMX_CONV", "AMX_DIRECT_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]
+           "AMX_CONV", "AMX_NCHW_CONV", "AMX_DIRECT_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]

@@ -26,6 +26,7 @@ SHIPPED = MappingProxyType({
     "directconv_nchw": "ascendc_pack.tactics.families.conv:DIRECTCONV_NCHW",
     "winograd": "ascendc_pack.tactics.families.conv:WINOGRAD",
     "conv_amx_bf16": "ascendc_pack.tactics.families.conv:AMX_CONV",
+    "conv_amx_nchw_bf16": "ascendc_pack.tactics.families.conv:AMX_NCHW_CONV",
     "conv_amx_direct_bf16": "ascendc_pack.tactics.families.conv:AMX_DIRECT_CONV",
     "attention": "ascendc_pack.tactics.families.attention:ATTENTION",
     "attention_amx_bf16": "ascendc_pack.tactics.families.attention:AMX_ATTENTION",
