@@ -17,6 +17,10 @@ reads every A tile from it in place: 16 consecutive output pixels of one row (a 
 past the row's end are computed and dropped) at one tap and 32 channels, rows ``stride·C`` apart.
 Its tasks are output rows of an image times column blocks (:class:`AmxDirectTiling`).
 
+**NCHW input**: an entry convolution's ``x`` may be NCHW, read in place by the im2col gather; its
+taps are then ordered (i, c, j), so a channel's kernel row is one run of x (``pack_weight(w,
+"nchw")``): a ViT's patch embedding needs no relayout of the image.
+
 Why: on this host oneDNN's bfloat16 convolutions left resnet18 at 6.1 ms where OpenVINO's bfloat16
 runs it in 2.5; they wake an OpenMP team per call and keep activations in bfloat16 between steps
 (a cast kernel on each side). Offered only with ``--precision bf16`` / ``auto`` on a host with

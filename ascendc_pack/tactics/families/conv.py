@@ -65,11 +65,11 @@ CONV_KERNEL_TILINGS = 1
 efficientnet_b0 has 16 depthwise convolutions and each tiling is a compile in the cold build; the
 depthwise cost model was fitted to measured candidates (docs/DWCONV.md)."""
 WINOGRAD_TILINGS = 2
-AMX_TILINGS = 3
-"""The AMX convolution's: its estimate misranks tilings by up to 2x (the best of resnet18's
-7x7-pixel 512-channel convolution was its fifth), so PGO times three."""
 """The Winograd kernel's: its estimate ranks output-channel blocks and band modes within ~20 %,
 so PGO times the best and the best of another block or mode (measured 10-40 % apart)."""
+AMX_TILINGS = 3
+"""The AMX convolutions': their estimates misrank tilings by up to 2x (the best of resnet18's
+7x7-pixel 512-channel convolution was the fifth), so PGO times three."""
 
 
 def _fusable(step: TacticStep) -> bool:
@@ -117,28 +117,19 @@ def _direct_spec(step: TacticStep, in_place: bool = False):
         tuple(d["dilation"]), bias=bias, epilogue=epi, **layouts), step)
 
 
-def _amx_spec(step: TacticStep):
-    """The AMX bfloat16 convolution of a step ``directconv`` takes, NHWC (None for other steps)."""
-    spec = _direct_spec(step)
-    if spec is None or amxconv.amx_conv_applies(spec) is not None:
-        return None
-    return dataclasses.replace(spec, name=spec.name.replace("directconv_", "conv_amx_", 1))
+def _amx_spec_of(prefix: str, applies, in_place: bool = False):
+    """The spec function of an AMX convolution family: ``directconv``'s spec of a step (NHWC, or
+    with ``in_place`` an entry step's NCHW x), renamed with ``prefix``, where ``applies(spec)``
+    finds no reason against it (None for other steps)."""
+    old = "directconv_nchw_" if in_place else "directconv_"
 
+    def spec_of(step: TacticStep):
+        spec = _direct_spec(step, in_place)
+        if spec is None or applies(spec) is not None:
+            return None
+        return dataclasses.replace(spec, name=spec.name.replace(old, prefix, 1))
 
-def _amx_nchw_spec(step: TacticStep):
-    """The AMX convolution reading an entry step's NCHW ``x`` in place (None for other steps)."""
-    spec = _direct_spec(step, in_place=True)
-    if spec is None or amxconv.amx_conv_applies(spec) is not None:
-        return None
-    return dataclasses.replace(spec, name=spec.name.replace("directconv_nchw_", "conv_amx_nchw_", 1))
-
-
-def _amx_direct_spec(step: TacticStep):
-    """The direct AMX convolution of a step ``conv_amx_bf16`` takes with ``c_in`` a multiple of 32."""
-    spec = _direct_spec(step)
-    if spec is None or amxconv.direct_applies(spec) is not None:
-        return None
-    return dataclasses.replace(spec, name=spec.name.replace("directconv_", "conv_amxd_", 1))
+    return spec_of
 
 
 def _winograd_spec(step: TacticStep):
@@ -237,13 +228,15 @@ DIRECTCONV_NCHW = ConvFamily("directconv_nchw", lambda step: _direct_spec(step, 
 WINOGRAD = ConvFamily("winograd", _winograd_spec, directconv.ConvSpec.from_json, winograd.plan, WinogradKernel,
                       lambda w, cand: winograd.pack_weight(w, winograd.WinoTiling.parse(cand.tiling_repr).ocb),
                       WINOGRAD_TILINGS)
-AMX_CONV = AmxConvFamily("conv_amx_bf16", _amx_spec, directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
+AMX_CONV = AmxConvFamily("conv_amx_bf16", _amx_spec_of("conv_amx_", amxconv.amx_conv_applies),
+                         directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
                          lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
-AMX_NCHW_CONV = AmxConvFamily("conv_amx_nchw_bf16", _amx_nchw_spec, directconv.ConvSpec.from_json, amxconv.plan,
-                              AmxConvKernel, lambda w, cand: amxconv.pack_weight(w, "nchw"), AMX_TILINGS)
-AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_direct_spec, directconv.ConvSpec.from_json,
-                                amxconv.plan_direct, AmxDirectConvKernel, lambda w, cand: amxconv.pack_weight(w),
-                                AMX_TILINGS)
+AMX_NCHW_CONV = AmxConvFamily("conv_amx_nchw_bf16", _amx_spec_of("conv_amx_nchw_", amxconv.amx_conv_applies, True),
+                              directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
+                              lambda w, cand: amxconv.pack_weight(w, "nchw"), AMX_TILINGS)
+AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_spec_of("conv_amxd_", amxconv.direct_applies),
+                                directconv.ConvSpec.from_json, amxconv.plan_direct, AmxDirectConvKernel,
+                                lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
 
 
 MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
