@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.kernels import family
-from ascendc_pack.kernels.attention.generator import AttnSpec, AttnSpecError
+from ascendc_pack.kernels.attention.generator import AttnSpec, AttnSpecError, _ceil, template_args
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
 from ascendc_pack.kernels.target import CpuTarget
@@ -39,10 +39,6 @@ class AmxAttnTiling(Tiling):
 
     error = AttnSpecError
     kind = "AMX attention"
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _layout(spec: AttnSpec, t: AmxAttnTiling) -> tuple[int, int]:
@@ -95,16 +91,9 @@ def propose(spec: AttnSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> li
 
 def render(spec: AttnSpec, cand: KernelCandidate, isa: str) -> str:
     """C++ source of one candidate (shapes, strides and tiling compiled in)."""
-    t, c = cand.tiling, cand.candidate
-    shared, thread = _layout(spec, t)
+    shared, thread = _layout(spec, cand.tiling)
     return template_env().get_template(TEMPLATE_NAME).render(
-        name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
-        block_dim=c.block_dim, isa=isa, batch=spec.batch, heads=spec.heads, kv_heads=spec.kv_heads,
-        q_len=spec.q_len, kv_len=spec.kv_len, head_dim=spec.head_dim, v_head_dim=spec.v_head_dim,
-        q_strides=spec.q_strides, k_strides=spec.k_strides, v_strides=spec.v_strides,
-        out_strides=spec.out_strides, mask=spec.mask, mask_strides=spec.mask_strides,
-        scale=f"{float(spec.scale)!r}f", causal=spec.causal, safe_softmax=spec.safe_softmax,
-        mask_windows=spec.mask_windows or 0, t=t, n_inputs=spec.n_inputs, shared_bytes=shared, thread_bytes=thread)
+        **template_args(spec, cand, isa), shared_bytes=shared, thread_bytes=thread)
 
 
 GENERATOR = Generator("attention_amx", __name__, TEMPLATE_NAME, propose, render, AmxAttnTiling)

@@ -312,19 +312,25 @@ def propose(spec: AttnSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> li
 # ----------------------------------------------------------------------------- render + build
 
 
-def render(spec: AttnSpec, cand: KernelCandidate, isa: str) -> str:
-    """C++ source of one candidate (a static kernel: shapes, strides and tiling compiled in)."""
-    t, c = cand.tiling, cand.candidate
-    shared, thread = _layout(spec, t)
-    return template_env().get_template(TEMPLATE_NAME).render(
+def template_args(spec: AttnSpec, cand: KernelCandidate, isa: str) -> dict:
+    """What an attention template reads of a spec and a candidate (both attention kernels'),
+    besides the tiling ``t`` and the workspace layout."""
+    c = cand.candidate
+    return dict(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
         block_dim=c.block_dim, isa=isa, batch=spec.batch, heads=spec.heads, kv_heads=spec.kv_heads,
         q_len=spec.q_len, kv_len=spec.kv_len, head_dim=spec.head_dim, v_head_dim=spec.v_head_dim,
         q_strides=spec.q_strides, k_strides=spec.k_strides, v_strides=spec.v_strides,
         out_strides=spec.out_strides, mask=spec.mask, mask_strides=spec.mask_strides,
         scale=f"{float(spec.scale)!r}f", causal=spec.causal, safe_softmax=spec.safe_softmax,
-        mask_windows=spec.mask_windows or 0,
-        t=t, n_inputs=spec.n_inputs, shared_bytes=shared, thread_bytes=thread)
+        mask_windows=spec.mask_windows or 0, t=cand.tiling, n_inputs=spec.n_inputs)
+
+
+def render(spec: AttnSpec, cand: KernelCandidate, isa: str) -> str:
+    """C++ source of one candidate (a static kernel: shapes, strides and tiling compiled in)."""
+    shared, thread = _layout(spec, cand.tiling)
+    return template_env().get_template(TEMPLATE_NAME).render(
+        **template_args(spec, cand, isa), shared_bytes=shared, thread_bytes=thread)
 
 
 GENERATOR = Generator("attention", __name__, TEMPLATE_NAME, propose, render, AttnTiling)
@@ -384,4 +390,4 @@ def _has_strides(t: torch.Tensor, stride) -> bool:
 
 
 __all__ = ["AttnSpec", "AttnSpecError", "AttnTiling", "KernelCandidate", "GENERATOR", "AttnKernel", "MAX_CANDIDATES",
-           "estimate_us", "plan", "propose", "render", "workspace"]
+           "estimate_us", "plan", "propose", "render", "template_args", "workspace"]
