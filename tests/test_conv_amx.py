@@ -125,7 +125,9 @@ def test_which_convolutions_have_an_amx_kernel():
     assert "output channels" in amx.amx_conv_applies(ConvSpec.from_conv("b", (1, 16, 8, 8), (8, 16, 3, 3)))
     assert amx.amx_conv_applies(ConvSpec.from_conv("c", (1, 3, 8, 8), (16, 3, 3, 3))) is None
     assert "32 of one tap" in amx.direct_applies(ConvSpec.from_conv("d", (1, 48, 8, 8), (16, 48, 3, 3)))
-    assert amx.direct_applies(ConvSpec.from_conv("e", (1, 64, 8, 8), (16, 64, 3, 3))) is None
+    assert amx.direct_pays(ConvSpec.from_conv("e", (1, 64, 14, 14), (16, 64, 3, 3), 1, 1)) is None
+    seven = ConvSpec.from_conv("g", (1, 64, 7, 7), (16, 64, 3, 3), 1, 1)   # runs, but 9 of 16 strip rows wasted
+    assert amx.direct_applies(seven) is None and "fill 44%" in amx.direct_pays(seven)
     with pytest.raises(ConvSpecError, match="no AMX kernel"):
         amx.render(res_nchw, None, "")
     thin = ConvSpec.from_conv("f", (1, 48, 8, 8), (16, 48, 3, 3))
@@ -176,7 +178,7 @@ def get_model():
 
 
 def get_example_inputs():
-    return (torch.randn(1, 3, 40, 40, generator=torch.Generator().manual_seed(0)),)
+    return (torch.randn(1, 3, 56, 56, generator=torch.Generator().manual_seed(0)),)
 """
 
 

@@ -16,8 +16,8 @@ activation fused:
   ``directconv`` as implicit GEMMs in bfloat16 on the AMX tile unit, a low-precision candidate
   (offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16; the bundle then requires
   ``amx_bf16``); weight rounded and packed at build;
-* ``conv_amx_direct_bf16``: those with a multiple of 32 input channels once more, x rounded once
-  and every A tile read from it in place (no im2col);
+* ``conv_amx_direct_bf16``: those with a multiple of 32 input channels and output rows that fill
+  their 16-pixel strips once more, x rounded once and every A tile read from it in place (no im2col);
 * ``conv_amx_nchw_bf16``: the im2col kernel reading an entry step's NCHW ``x`` in place (the
   3-channel stem of a CNN: no relayout of the input).
 
@@ -234,7 +234,7 @@ AMX_CONV = AmxConvFamily("conv_amx_bf16", _amx_spec_of("conv_amx_", amxconv.amx_
 AMX_NCHW_CONV = AmxConvFamily("conv_amx_nchw_bf16", _amx_spec_of("conv_amx_nchw_", amxconv.amx_conv_applies, True),
                               directconv.ConvSpec.from_json, amxconv.plan, AmxConvKernel,
                               lambda w, cand: amxconv.pack_weight(w, "nchw"), AMX_TILINGS)
-AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_spec_of("conv_amxd_", amxconv.direct_applies),
+AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_spec_of("conv_amxd_", amxconv.direct_pays),
                                 directconv.ConvSpec.from_json, amxconv.plan_direct, AmxDirectConvKernel,
                                 lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
 
