@@ -122,3 +122,32 @@ def repack(src: Path, dst: Path, edit: Callable[[dict, list[list]], None], fix_h
 
 def clone_inputs(ts) -> tuple[torch.Tensor, ...]:
     return tuple(t.clone() for t in ts)
+
+
+def build_bf16(source: str, root: Path, cache_dir: Path, topn: int):
+    """Write ``source`` (a model file) under ``root``, build it with ``--precision bf16`` and a
+    short PGO protocol; returns (the loaded model file, the bundle path, the BuildResult)."""
+    from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.frontend.loader import load_model_file
+    from ascendc_pack.pipeline import build
+
+    (root / "model.py").write_text(source)
+    loaded = load_model_file(root / "model.py")
+    out = root / "model.ascpack"
+    res = build(loaded.module, loaded.example_inputs, output=out, cache_dir=cache_dir, jobs=2, topn=topn,
+                precision="bf16", protocol=Protocol(warmup=1, min_rounds=3, max_rounds=5, time_cap_s=0.2))
+    return loaded, out, res
+
+
+def assert_within_budget(loaded: LoadedModel, out: Path, res) -> None:
+    """The build met its precision budget and verified, and the bundle, loaded by the runtime,
+    matches eager on the example input within that budget."""
+    import ascendc_pack_runtime as rt
+    from ascendc_pack_runtime.accuracy import relative_error
+
+    assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)
+    x = loaded.example_inputs[0]
+    with torch.no_grad():
+        want = loaded.module(x)
+    with rt.load(out) as model:
+        assert relative_error(want, model(x)) <= res.precision.budget

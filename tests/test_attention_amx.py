@@ -18,6 +18,7 @@ from ascendc_pack.kernels.gemm.amx import amx_offered
 from ascendc_pack.tactics.dispatch.lowp import STEP_TOLERANCE
 from ascendc_pack.toolchain.compiler import host_cpu_flags
 from ascendc_pack_runtime.accuracy import relative_error
+from tests.bundle_fixtures import assert_within_budget, build_bf16
 from tests.test_attnkernel import CASES, _operands, _reference
 
 WHY_NOT = amx_offered(host_cpu_flags())
@@ -117,23 +118,9 @@ def get_example_inputs():
 
 @needs_amx
 def test_a_bf16_build_offers_and_verifies_the_amx_attention(tmp_path):
-    import ascendc_pack_runtime as rt
-    from ascendc_pack.autotune.protocol import Protocol
-    from ascendc_pack.frontend.loader import load_model_file
-    from ascendc_pack.pipeline import build
-
-    (tmp_path / "block.py").write_text(BLOCK)
-    loaded = load_model_file(tmp_path / "block.py")
-    out = tmp_path / "block.ascpack"
-    res = build(loaded.module, loaded.example_inputs, output=out, cache_dir=tmp_path / "cache", jobs=2, topn=2,
-                precision="bf16", protocol=Protocol(warmup=1, min_rounds=3, max_rounds=5, time_cap_s=0.2))
+    loaded, out, res = build_bf16(BLOCK, tmp_path, tmp_path / "cache", 2)
     attn = [ch for ch in res.tactics.values() if any(t.family == "attention_amx_bf16" for t in ch.candidates)]
     assert len(attn) == 1, res.summary()
     (ch,) = attn
     assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family == "attention_amx_bf16")
-    assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)
-    x = loaded.example_inputs[0]
-    with torch.no_grad():
-        want = loaded.module(x)
-    with rt.load(out) as model:
-        assert relative_error(want, model(x)) <= res.precision.budget
+    assert_within_budget(loaded, out, res)

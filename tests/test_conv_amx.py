@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.autotune.protocol import Protocol
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.kernels import family
 from ascendc_pack.kernels.conv import amx
@@ -22,7 +21,7 @@ from ascendc_pack.tactics.dispatch.lowp import STEP_TOLERANCE
 from ascendc_pack.toolchain.compiler import host_cpu_flags
 from ascendc_pack_runtime.accuracy import relative_error
 
-from .bundle_fixtures import build_root
+from .bundle_fixtures import assert_within_budget, build_bf16, build_root
 
 WHY_NOT = amx_offered(host_cpu_flags())
 needs_amx = pytest.mark.skipif(WHY_NOT is not None, reason=f"no AMX bfloat16 here: {WHY_NOT}")
@@ -184,15 +183,7 @@ def get_example_inputs():
 
 @needs_amx
 def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_path_factory):
-    from ascendc_pack.frontend.loader import load_model_file
-    from ascendc_pack.pipeline import build
-
-    root = tmp_path_factory.mktemp("amxconv")
-    (root / "cnn.py").write_text(CNN)
-    loaded = load_model_file(root / "cnn.py")
-    out = root / "cnn.ascpack"
-    res = build(loaded.module, loaded.example_inputs, output=out, cache_dir=build_root(tmp_path_factory) / "build_cache",
-                jobs=2, topn=2, precision="bf16", protocol=Protocol(warmup=1, min_rounds=3, max_rounds=5, time_cap_s=0.2))
+    loaded, out, res = build_bf16(CNN, tmp_path_factory.mktemp("amxconv"), build_root(tmp_path_factory) / "build_cache", 2)
     offered = [t for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_bf16"]
     assert len({t.spec.name for t in offered}) == 3, res.summary()   # each dense convolution got candidates
     direct = {t.spec.name for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_direct_bf16"}
@@ -201,12 +192,7 @@ def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_pat
     assert len(nchw) == 1, res.summary()                              # the stem, reading the NCHW input in place
     for ch in res.tactics.values():                                    # every AMX candidate verified
         assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family.startswith("conv_amx"))
-    assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)
-    x = loaded.example_inputs[0]
-    with torch.no_grad():
-        want = loaded.module(x)
-    with rt.load(out) as model:
-        assert relative_error(want, model(x)) <= res.precision.budget
+    assert_within_budget(loaded, out, res)
     chosen = {ch.candidates[u["chosen_index"]].family for ch in res.tactics.values() for u in ch.uses}
     if chosen & {"conv_amx_bf16", "conv_amx_direct_bf16"}:   # PGO's pick (timed, not asserted): then AMX is required
         assert "amx_bf16" in rt.read_manifest(out).precision.requires

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 import ascendc_pack_runtime as rt
-from ascendc_pack.autotune.protocol import Protocol
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.kernels import family
 from ascendc_pack.kernels.gemm import amx
@@ -21,7 +20,7 @@ from ascendc_pack.tactics.families.base import plan_kernel_tactics
 from ascendc_pack.toolchain.compiler import host_cpu_flags
 from ascendc_pack_runtime.accuracy import relative_error
 
-from .bundle_fixtures import build_root
+from .bundle_fixtures import assert_within_budget, build_bf16, build_root
 
 WHY_NOT = amx.amx_offered(host_cpu_flags())
 needs_amx = pytest.mark.skipif(WHY_NOT is not None, reason=f"no AMX bfloat16 here: {WHY_NOT}")
@@ -151,28 +150,16 @@ def test_only_a_low_precision_build_plans_amx_candidates(tmp_path):
 
 @needs_amx
 def test_a_bf16_build_picks_the_amx_gemm_and_the_bundle_requires_amx(tmp_path_factory):
-    from ascendc_pack.frontend.loader import load_model_file
-    from ascendc_pack.pipeline import build
     from ascendc_pack_runtime import host
 
-    root = tmp_path_factory.mktemp("amx")
-    (root / "mlp.py").write_text(MLP)
-    loaded = load_model_file(root / "mlp.py")
-    out = root / "mlp.ascpack"
-    res = build(loaded.module, loaded.example_inputs, output=out, cache_dir=build_root(tmp_path_factory) / "build_cache",
-                jobs=2, topn=3, precision="bf16", protocol=Protocol(warmup=1, min_rounds=3, max_rounds=5, time_cap_s=0.2))
+    loaded, out, res = build_bf16(MLP, tmp_path_factory.mktemp("amx"), build_root(tmp_path_factory) / "build_cache", 3)
     amx_steps = [ch for ch in res.tactics.values() for u in ch.uses
                  if ch.candidates[u["chosen_index"]].family == "gemm_amx_bf16"]
     assert amx_steps, res.summary()          # 5-20x float32 here: PGO takes it
     for ch in res.tactics.values():          # every AMX candidate verified
         assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family == "gemm_amx_bf16")
-    assert res.precision.error <= res.precision.budget and all(c.ok for c in res.verification)
+    assert_within_budget(loaded, out, res)
     m = rt.read_manifest(out)
     assert "amx_bf16" in m.precision.requires and "amx_bf16" in m.target.isa
-    x = loaded.example_inputs[0]
-    with torch.no_grad():
-        want = loaded.module(x)
-    with rt.load(out) as model:
-        assert relative_error(want, model(x)) <= res.precision.budget
     with pytest.raises(rt.MissingCpuFeaturesError, match="amx_bf16"):
         host.check_host(m, cpu_flags=frozenset(host.host_cpu_flags() or ()) - {"amx_bf16"})
