@@ -266,10 +266,12 @@ def test_batchnorm_residual_relu_chain_and_derived_affine():
         return s.dw(y) + s.pw(y)
     m = Fn(f, c1=nn.Conv2d(8, 8, 3, padding=1, bias=False), bn=bn, dw=nn.Conv2d(8, 8, 3, padding=1, groups=8),
            pw=nn.Conv2d(8, 8, 1))
-    res, (c1, dw, pw) = _pass(m, torch.randn(2, 8, 6, 6))
+    res, (c1, pool, dw, pw) = _pass(m, torch.randn(2, 8, 6, 6))
     assert c1.desc["epilogue"] == {"affine": True, "binary": "add", "unary": "relu"}
     assert {c1.desc["position"], dw.desc["position"], pw.desc["position"]} == {"entry", "interior"}
     assert dw.desc["position"] == "interior" and c1.chain == dw.chain == pw.chain  # through the max pool
+    assert pool.tactic_kind == "pool" and pool.desc["position"] == "interior" and pool.bind == {"x": c1.outputs[0]}
+    assert pool.desc["kernel"] == [2, 2] and pool.desc["stride"] == [2, 2] and pool.name.startswith("pool_c8k2x2s2x2_")
     scale, shift = res.weights[c1.bind["scale"]], res.weights[c1.bind["shift"]]
     s = bn.weight / (bn.running_var + bn.eps).sqrt()
     assert torch.allclose(scale, s.detach()) and torch.allclose(shift, (bn.bias - bn.running_mean * s).detach())

@@ -122,7 +122,7 @@ def _fresh_process_matches(path, model, inputs, tmp_path, env=None):
 def test_every_kind_builds_tunes_and_matches_eager_in_a_fresh_process(tmp_path, cache):
     res, out = _build(tmp_path, cache)
     kinds = {ch.kind for ch in res.tactics.values()}
-    assert kinds == {"linear", "conv", "attention"}
+    assert kinds == {"linear", "conv", "attention", "pool"}
     for ch in res.tactics.values():  # every candidate verified on the real arguments, then timed
         assert ch.visited and ch.profiled
         for r in ch.results:
@@ -137,7 +137,8 @@ def test_every_kind_builds_tunes_and_matches_eager_in_a_fresh_process(tmp_path, 
     assert "tactics  " in text and "aten ops " in text
 
 
-PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"), ("onednn_cl", "attention#0")]
+PREFERENCES = [("onednn", "onednn_cl", "flash"), ("mkl", "aten_cl", "unfused"),
+               ("onednn_cl", "attention#0", "maxpool#0")]
 
 
 @pytest.mark.parametrize("prefer", PREFERENCES, ids=["-".join(p) for p in PREFERENCES])
@@ -167,6 +168,8 @@ def test_every_candidate_renders_in_the_graph(tmp_path, cache, monkeypatch, pref
         m = rt.read_manifest(out)
         attn = [k for k in m.kernels if k.name.startswith("attention_")]
         assert attn and all(k.file in m.libraries() for k in attn) and "= attention_" in source
+        pool = [k for k in m.kernels if k.name.startswith("maxpool_")]   # the generated max pooling, too
+        assert pool and all(k.file in m.libraries() for k in pool) and "= maxpool_" in source
         _fresh_process_matches(out, _model(), _inputs(), tmp_path)
 
 

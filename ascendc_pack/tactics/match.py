@@ -9,6 +9,8 @@ What capture leaves of the heavy ops, and what is matched here:
   ``matmul`` of a strided 3-D activation by a weight becomes, e.g. ``nn.MultiheadAttention``'s
   input projection); the batch folds into ``m``.
 * **Convolution**: ``aten.convolution`` (2-D, not transposed) by a constant weight.
+* **Max pooling**: ``max_pool2d_with_indices`` (2-D, not ``ceil_mode``) whose indices nothing
+  reads: no epilogue (what follows a pooling is the next convolution's input).
 * **Attention**: ``bmm(Q, Kᵀ)`` (either side scaled), an optional additive mask, the decomposed
   softmax (``amax, sub, exp, sum, div``, and the fully-masked-row guard of ``_safe_softmax``),
   ``bmm(P, V)``, with the expand/view steps around them; K/V heads repeated for grouped-query
@@ -322,6 +324,27 @@ class Matcher:
             m.shapes["other"] = tuple(ys.shape)
         return m
 
+    def pool(self, i: int) -> Match | None:
+        """``max_pool2d_with_indices`` (2-D, ``ceil_mode=False``) whose indices nothing reads."""
+        s = self.g.steps[i]
+        if s.kwargs or len(s.outputs) != 2 or not 2 <= len(s.args) <= 6:
+            return None
+        y, idx = s.outputs
+        if idx is not None and (self.consumers(idx) or idx in self.g.outputs):
+            return None
+        x, kernel, stride, padding, dilation, ceil_mode = list(s.args) + [(), 0, 1, False][len(s.args) - 2:]
+        xs, ys = self.spec(x.name), self.spec(y)
+        if not isinstance(x, Ref) or ceil_mode or xs is None or ys is None or len(xs.shape) != 4 \
+                or ys.dtype not in ("float32", "bfloat16") or self.constant(x.name):
+            return None
+        pair = lambda v: (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))  # noqa: E731
+        kernel, stride = pair(kernel), pair(stride) if stride else pair(kernel)
+        layout = "channels_last" if xs.stride is not None and _is_channels_last(xs.shape, xs.stride) \
+            else "contiguous"
+        return Match("pool", {"x_shape": tuple(xs.shape), "kernel": kernel, "stride": stride,
+                              "padding": pair(padding), "dilation": pair(dilation), "layout": layout,
+                              "dtype": ys.dtype}, [i], {"x": x.name}, {}, y)
+
     def attention(self, i: int) -> Match | None:
         """Attention whose softmax starts with ``amax`` step ``i`` (see the module docstring)."""
         found = match_attention(self, i)
@@ -333,9 +356,9 @@ class Matcher:
         and convolutions in program order; a step belongs to one match at most."""
         found = []
         for kind, ops in (("attention", ("aten.amax.default",)), ("gemm", MM_OPS),
-                          ("conv", ("aten.convolution.default",))):
+                          ("conv", ("aten.convolution.default",)), ("pool", ("aten.max_pool2d_with_indices.default",))):
             for i, s in enumerate(self.g.steps):
-                if i in self.taken or not isinstance(s, AtenStep) or s.op not in ops:
+                if i in self.taken or not isinstance(s, AtenStep) or s.op not in ops or (s.multi and kind != "pool"):
                     continue
                 m = getattr(self, kind)(i)
                 if m is not None and not (set(m.steps) & self.taken):

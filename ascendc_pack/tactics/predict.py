@@ -224,6 +224,16 @@ def attention_us(desc: dict, name: str, target: CpuTarget) -> float:
     return t
 
 
+def pool_us(desc: dict, name: str, target: CpuTarget) -> float:
+    """Predicted µs of a max-pooling step's ATen candidate: x read, the values and their int64
+    indices written; NCHW input runs ATen's scalar path (~10x its channels_last time here)."""
+    n, c, h, w = desc["x_shape"]
+    oh, ow = _out_hw(desc)
+    t = (n * c * h * w + 3 * n * c * oh * ow) * F32 / bytes_per_us(target)
+    cl = desc.get("layout") == "channels_last" or desc.get("position") == "interior"
+    return t if cl else 10.0 * t
+
+
 def _out_hw(desc: dict) -> tuple[int, int]:
     """A convolution step's output height and width."""
     return tuple(_out(s, k, st, p, d) for s, k, st, p, d in zip(
@@ -235,7 +245,7 @@ def _out(size: int, k: int, stride: int, pad: int, dil: int) -> int:
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-_BY_KIND = {"linear": linear_us, "conv": conv_us, "attention": attention_us}
+_BY_KIND = {"linear": linear_us, "conv": conv_us, "attention": attention_us, "pool": pool_us}
 
 
 def predict_us(kind: str, desc: dict, name: str, target: CpuTarget) -> float:
@@ -254,4 +264,4 @@ def by_prediction(kind: str, desc: dict, tactics: list, target: CpuTarget) -> li
 
 
 __all__ = ["RATES", "Rate", "by_prediction", "predict_us", "int8_passes_us", "peak_flops_per_us", "bytes_per_us", "linear_us",
-           "conv_us", "attention_us"]
+           "conv_us", "attention_us", "pool_us"]

@@ -247,9 +247,9 @@ def _causal(step, bind: dict, consts: Constants):
 
 def _description(m: Match):
     epi = T.Epilogue(**m.epilogue)
-    cls = {"linear": T.LinearStep, "conv": T.ConvStep, "attention": T.AttentionStep}[m.kind]
+    cls = {"linear": T.LinearStep, "conv": T.ConvStep, "attention": T.AttentionStep, "pool": T.PoolStep}[m.kind]
     kw = dict(m.fields)
-    if m.kind != "attention":
+    if m.kind in ("linear", "conv"):
         kw["epilogue"] = epi
     return cls(**kw)
 
@@ -290,10 +290,15 @@ def rewrite_cond(rewriter, s: CondStep, consts: Constants, scope: str, needs: li
 
 
 def _source(p: Program, producers: dict, name: str):
-    """The TacticStep computing ``name``, through steps that keep its layout (pooling), or None."""
+    """The TacticStep computing ``name``, through steps that keep its layout (pooling, a max-pooling
+    step included), or None."""
     seen = 0
     while seen < 16:
         s = producers.get(name)
+        if isinstance(s, TacticStep) and s.tactic_kind == "pool":
+            name = s.bind["x"]
+            seen += 1
+            continue
         if isinstance(s, TacticStep):
             return s
         if not isinstance(s, AtenStep) or s.op not in LAYOUT_KEEPING or not s.input_names():
@@ -306,8 +311,13 @@ def _source(p: Program, producers: dict, name: str):
 
 
 def _assign_chains(p: Program, state: _State) -> None:
-    """Chain ids, positions and residual layouts of the program's convolution steps."""
+    """Chain ids, positions and residual layouts of the program's convolution steps; the position
+    of its max-pooling steps (``interior``: their input comes from a convolution)."""
     producers = {o: s for s in p.steps for o in s.outputs if o}
+    for s in p.steps:
+        if isinstance(s, TacticStep) and s.tactic_kind == "pool":
+            src = _source(p, producers, s.bind["x"])
+            s.desc["position"] = "interior" if src is not None and src.tactic_kind == "conv" else "entry"
     convs = [s for s in p.steps if isinstance(s, TacticStep) and s.tactic_kind == "conv"]
     parent = {id(s): id(s) for s in convs}
 
@@ -351,13 +361,15 @@ def step_name(p: Program, s: TacticStep) -> str:
         label = f"m{d['m']}k{d['k']}n{d['n']}"
     elif s.tactic_kind == "conv":
         label = f"c{d['x_shape'][1]}o{d['out_channels']}k{'x'.join(map(str, d['kernel']))}"
+    elif s.tactic_kind == "pool":
+        label = f"c{d['x_shape'][1]}k{'x'.join(map(str, d['kernel']))}s{'x'.join(map(str, d['stride']))}"
     else:
         label = f"h{d['heads']}l{d['q_len']}s{d['kv_len']}"
     return f"{s.tactic_kind}_{label}_{digest}"
 
 
 #: the names of the candidate that is the step as captured (ATen), per kind
-CAPTURED = {"linear": "aten", "conv": "aten", "attention": "unfused"}
+CAPTURED = {"linear": "aten", "conv": "aten", "attention": "unfused", "pool": "aten"}
 
 
 def is_captured(t) -> bool:

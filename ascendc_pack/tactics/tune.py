@@ -504,7 +504,10 @@ def _spec(t: torch.Tensor) -> TensorSpec:
 
 def _arrival(tactic: T.Tactic, desc: dict, acts: dict) -> dict:
     """The activations in the layout they arrive in when the chain runs channels_last (``tactic``:
-    a dispatcher tactic or a generated GEMM's)."""
+    a dispatcher tactic or a generated GEMM's; every candidate of a max pooling after a chain's
+    convolution)."""
+    if desc.get("kind") == "pool" and desc.get("position") == "interior":
+        return {**acts, "x": acts["x"].contiguous(memory_format=CL)}
     if not in_layout_chain(tactic):
         return acts
     acts = dict(acts)

@@ -119,12 +119,13 @@ def apply_eager_epilogue(epilogue, y: torch.Tensor, residual=None) -> torch.Tens
     return y
 
 
-def check_nhwc(error, kernel: str, what: str, t, n: int, c: int, h: int, w: int) -> None:
-    """``t`` must be a CPU float32 [n, c, h, w] channels_last tensor (NHWC memory), or that memory
+def check_nhwc(error, kernel: str, what: str, t, n: int, c: int, h: int, w: int,
+               dtype: torch.dtype = torch.float32) -> None:
+    """``t`` must be a CPU ``dtype`` [n, c, h, w] channels_last tensor (NHWC memory), or that memory
     shaped [n, h, w, c]; else ``error`` naming ``kernel`` (e.g. "depthwise conv k1") and the fix."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cpu":
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
         got = f"{t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise error(f"{kernel}: {what} must be a CPU float32 tensor, got {got}")
+        raise error(f"{kernel}: {what} must be a CPU {str(dtype).removeprefix('torch.')} tensor, got {got}")
     nchw = ((n, c, h, w), (h * w * c, 1, w * c, c))
     nhwc = ((n, h, w, c), (h * w * c, w * c, c, 1))
     if not any(same_layout(t.shape, t.stride(), *layout) for layout in (nchw, nhwc)):

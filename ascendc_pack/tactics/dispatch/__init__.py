@@ -1,6 +1,6 @@
-"""Tactics: candidate implementations of the heavy steps (GEMM, convolution, attention).
+"""Tactics: candidate implementations of the heavy steps (GEMM, convolution, attention, max pooling).
 
-A step (:class:`LinearStep`, :class:`ConvStep`, :class:`AttentionStep`) describes one heavy op of
+A step (:class:`LinearStep`, :class:`ConvStep`, :class:`AttentionStep`, :class:`PoolStep`) describes one heavy op of
 a captured graph with the pointwise ops fused into it; :func:`candidates` lists the tactics
 (:class:`Tactic`: data, JSON-serializable) this torch build and CPU can run for it, the step as
 captured first. A tactic runs in two parts, both pure functions over named tensors:
@@ -27,19 +27,20 @@ from ascendc_pack.tactics.dispatch.conv import ConvStep, conv_reference, conv_ta
 from ascendc_pack.tactics.dispatch.dispatcher import TacticError, bind, execute, reachable, unreachable_ops
 from ascendc_pack.tactics.dispatch.epilogue import BINARY, UNARY, Epilogue
 from ascendc_pack.tactics.dispatch.gemm import LinearStep, linear_reference, linear_tactics
+from ascendc_pack.tactics.dispatch.pool import PoolStep, pool_reference, pool_tactics
 from ascendc_pack.tactics.dispatch.spec import Call, Dtype, MemoryFormat, Prepack, Ref, Tactic
 
-Step = Union[LinearStep, ConvStep, AttentionStep]
+Step = Union[LinearStep, ConvStep, AttentionStep, PoolStep]
 WEIGHTS = ("weight", "bias", "scale", "shift")
 
 __all__ = [
     "AttentionStep", "BINARY", "Call", "ConvStep", "Dtype", "Epilogue", "LinearStep", "MemoryFormat",
-    "Prepack", "Ref", "Step", "Tactic", "TacticError", "UNARY", "WEIGHTS", "bind", "candidates", "check",
+    "PoolStep", "Prepack", "Ref", "Step", "Tactic", "TacticError", "UNARY", "WEIGHTS", "bind", "candidates", "check",
     "execute", "host_isa", "prepare", "random_env", "reachable", "reference", "run", "split",
     "step_from_json", "stored_weights", "unreachable_ops",
 ]
 
-_STEP_TYPES = {"linear": LinearStep, "conv": ConvStep, "attention": AttentionStep}
+_STEP_TYPES = {"linear": LinearStep, "conv": ConvStep, "attention": AttentionStep, "pool": PoolStep}
 
 
 def step_from_json(d: Mapping) -> Step:
@@ -58,13 +59,15 @@ def step_from_json(d: Mapping) -> Step:
 def candidates(step: Step) -> list[Tactic]:
     """The tactics for ``step`` whose every op the dispatcher reaches here; candidate 0 is the
     step as captured (ATen)."""
-    make = {"linear": linear_tactics, "conv": conv_tactics, "attention": attention_tactics}[step.kind]
+    make = {"linear": linear_tactics, "conv": conv_tactics, "attention": attention_tactics,
+            "pool": pool_tactics}[step.kind]
     return [t for t in make(step) if not unreachable_ops(t)]
 
 
 def reference(step: Step, env: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Eager PyTorch's answer for ``step`` (written independently of the tactics)."""
-    ref = {"linear": linear_reference, "conv": conv_reference, "attention": attention_reference}[step.kind]
+    ref = {"linear": linear_reference, "conv": conv_reference, "attention": attention_reference,
+           "pool": pool_reference}[step.kind]
     return ref(step, dict(env))
 
 
@@ -111,7 +114,7 @@ def random_env(step: Step, seed: int = 0) -> dict[str, torch.Tensor]:
             env[name] = (torch.rand(shape, generator=g) + 0.5).to(dt)
         else:
             env[name] = torch.randn(shape, generator=g).to(dt)
-    if step.kind == "conv" and step.layout == "channels_last":
+    if step.kind in ("conv", "pool") and step.layout == "channels_last":
         env["x"] = env["x"].contiguous(memory_format=torch.channels_last)
     return env
 

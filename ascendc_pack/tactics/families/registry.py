@@ -30,6 +30,7 @@ SHIPPED = MappingProxyType({
     "conv_amx_direct_bf16": "ascendc_pack.tactics.families.conv:AMX_DIRECT_CONV",
     "attention": "ascendc_pack.tactics.families.attention:ATTENTION",
     "attention_amx_bf16": "ascendc_pack.tactics.families.attention:AMX_ATTENTION",
+    "maxpool": "ascendc_pack.tactics.families.pool:POOL",
 })
 """Shipped families, in the order their candidates join a step's (after the dispatcher tactics)."""
 

@@ -1,0 +1,1 @@
+"""Generated pooling kernels (:mod:`.maxpool`)."""
