@@ -204,6 +204,7 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
     """Tactic pass, PGO of the tactic steps on ``input_sets``, lowering of the choices."""
     from ascendc_pack.autotune.protocol import Protocol
     from ascendc_pack.tactics.lower import lower_tactics, propagate_layouts
+    from ascendc_pack.tactics.pool_widen import widen_after_pools
     from ascendc_pack.tactics.rewrite import find_tactics
     from ascendc_pack.tactics.tune import TacticTuner
 
@@ -235,6 +236,8 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
         tuner.record_uses(decisions)
     lowered = lower_tactics(found.model, found.weights, decisions, tuner.choices)
     model = propagate_layouts(lowered.model) if lowered.lowered else lowered.model
+    if lowered.lowered:  # a bfloat16 convolution's widening moves after the max pooling reading it
+        model = widen_after_pools(model, tuner.choices, config)
     return Captured(model, lowered.weights), tuner.choices, (tuner.profiled, tuner.disqualified), precision
 
 

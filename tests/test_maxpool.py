@@ -19,7 +19,10 @@ from ascendc_pack.kernels.pool.maxpool import MaxPoolKernel, MaxPoolSpec, MaxPoo
 from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.passes.fold import fold_constants
 from ascendc_pack.pipeline import build
+from ascendc_pack.tactics import precision
+from ascendc_pack.tactics.dispatch.lowp import bf16_offered
 from ascendc_pack.tactics.rewrite import find_tactics
+from ascendc_pack_runtime.accuracy import relative_error
 
 from .bundle_fixtures import build_root
 
@@ -149,3 +152,45 @@ def test_a_cnn_build_verifies_and_times_every_pooling_candidate(tmp_path):
         assert all(r.error is None and r.median_us is not None for r in ch.results), ch.results
     with rt.load(tmp_path / "m.ascpack") as m, torch.no_grad():
         assert torch.allclose(m(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+class StemCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 7, 2, 3)
+        self.c2 = nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1))
+
+
+@pytest.mark.skipif(bf16_offered() is not None, reason=f"no bfloat16 candidates here: {bf16_offered()}")
+def test_a_bf16_convolutions_widening_moves_after_its_pooling(tmp_path, monkeypatch):
+    """oneDNN's bfloat16 stem returns bfloat16; the pooling reads it with its kernel's bfloat16
+    twin and the widening follows (tactics/pool_widen.py). The choices are forced (PGO on a tiny
+    model may pick anything); the build verifies the bundle against eager."""
+    real = precision.choose
+
+    def forced(tuner, decisions, *args, **kwargs):
+        report = real(tuner, decisions, *args, **kwargs)
+        for s in tuner.instances:
+            names = [t.name for t in tuner.choices[s.name].candidates]
+            for want in ("onednn_cl_bf16", "maxpool#0"):
+                if want in names:
+                    decisions[id(s)] = names.index(want)
+        return report
+
+    monkeypatch.setattr(precision, "choose", forced)
+    torch.manual_seed(0)
+    model, x = StemCnn().eval(), torch.randn(1, 3, 40, 36)
+    out = tmp_path / "m.ascpack"
+    res = build(model, (x,), output=out, cache_dir=tmp_path / "cache", topn=2, jobs=2, precision="bf16",
+                protocol=FAST)
+    (pool,) = [ch for ch in res.tactics.values() if ch.kind == "pool"]
+    twin = pool.candidates[pool.chosen_index]
+    assert twin.spec.dtype == "bfloat16" and twin.spec.name.endswith("_bf16") and twin.extra == {"reads": "bfloat16"}
+    assert pool.results[pool.chosen_index].median_us is None   # untimed: its float32 sibling chose the tiling
+    m = rt.read_manifest(out)
+    assert any(k.name == twin.spec.name for k in m.kernels)
+    with rt.load(out) as bundle, torch.no_grad():
+        assert relative_error(model(x), bundle(x)) <= res.precision.budget

@@ -6,7 +6,8 @@ never wins, a NaN in a window makes its maximum NaN); ``x`` and ``y`` are NHWC m
 (channels_last ``[N, C, H, W]`` tensors) of one dtype. Maxima are exact, so a bfloat16 kernel
 reads and writes bfloat16 (widened to float32 in registers) and matches eager bit for bit.
 
-Tilings (:class:`MaxPoolTiling`): ``cb`` channel vectors kept in registers per output pixel,
+Tilings (:class:`MaxPoolTiling`): ``cb`` vector loads of channels kept in registers per output
+pixel (a load is ``lanes`` float32 channels, or ``2 * lanes`` bfloat16 ones),
 ``rb`` output rows per task, ``bd`` threads (the graph's task pool). The cost model
 (:func:`propose`) is a roofline: the tensors moving once from memory (x read once: a task's
 overlapping window rows stay in cache) against the vector maxima, plus the task pool's fork/join
@@ -116,8 +117,8 @@ class MaxPoolSpec(ConvGeometry):
 
 @dataclass(frozen=True)
 class MaxPoolTiling(Tiling):
-    """``cb`` channel vectors of ``lanes`` floats per register block, ``rb`` output rows per task,
-    ``bd`` threads."""
+    """``cb`` vector loads of channels per register block (``lanes`` float32 channels each, or
+    ``2 * lanes`` bfloat16 ones), ``rb`` output rows per task, ``bd`` threads."""
 
     cb: int
     rb: int
@@ -132,8 +133,9 @@ def estimate_us(spec: MaxPoolSpec, t: MaxPoolTiling, target: CpuTarget) -> float
     """Rank-only estimate (µs): the busiest thread's vector maxima (one per tap, channel vector and
     output pixel, plus a block's setup per pixel) against x and y moving once from memory, plus the
     task pool's fork/join with more than one thread."""
+    unit = t.lanes * (2 if spec.dtype == "bfloat16" else 1)   # channels per load (bfloat16: two per word)
     vectors = -(-spec.c // t.lanes)
-    blocks = -(-vectors // t.cb)
+    blocks = -(-spec.c // (unit * t.cb))
     tasks = spec.n * -(-spec.oh // t.rb)
     rows = -(-tasks // t.bd) * min(t.rb, spec.oh)
     cycles = rows * spec.ow * (vectors * spec.kh * spec.kw + blocks * 12)
@@ -145,8 +147,8 @@ def estimate_us(spec: MaxPoolSpec, t: MaxPoolTiling, target: CpuTarget) -> float
 
 
 def _space(spec: MaxPoolSpec, target: CpuTarget) -> list[MaxPoolTiling]:
-    vectors = -(-spec.c // target.lanes)
-    cbs = sorted({min(v, vectors) for v in (1, 2, 4, 8)})
+    loads = -(-spec.c // (target.lanes * (2 if spec.dtype == "bfloat16" else 1)))
+    cbs = sorted({min(v, loads) for v in (1, 2, 4, 8)})
     out = []
     for bd in sorted({1, target.cores}):
         for k in (1, 2, 4):
@@ -178,7 +180,8 @@ def render(spec: MaxPoolSpec, cand: KernelCandidate, isa: str) -> str:
         block_dim=c.block_dim, isa=isa, s=spec, t=cand.tiling, oh=spec.oh, ow=spec.ow)
 
 
-GENERATOR = Generator("maxpool", __name__, TEMPLATE_NAME, propose, render, MaxPoolTiling)
+GENERATOR = Generator("maxpool", __name__, TEMPLATE_NAME, propose, render, MaxPoolTiling,
+                      workspace=lambda spec, t: 0, estimate=estimate_us)
 
 
 def plan(spec: MaxPoolSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:

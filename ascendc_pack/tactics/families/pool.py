@@ -40,7 +40,8 @@ def pool_spec(step: TacticStep) -> maxpool.MaxPoolSpec | None:
         return None
 
 
-def _nhwc_strides(shape) -> tuple[int, int, int, int]:
+def nhwc_strides(shape) -> tuple[int, int, int, int]:
+    """The strides of NHWC memory of an [N, C, H, W] shape (channels_last)."""
     n, c, h, w = shape
     return (h * w * c, 1, w * c, c)
 
@@ -72,11 +73,11 @@ class PoolFamily(KernelFamily):
     def input_layouts(self, chosen: dict) -> dict:
         s = maxpool.MaxPoolSpec.from_json(chosen["spec"])
         shape = (s.n, s.c, s.h, s.w)
-        return {"x": (shape, _nhwc_strides(shape), s.dtype)}
+        return {"x": (shape, nhwc_strides(shape), s.dtype)}
 
     def output_layout(self, chosen: dict) -> tuple:
         s = maxpool.MaxPoolSpec.from_json(chosen["spec"])
-        return s.out_shape, _nhwc_strides(s.out_shape), s.dtype
+        return s.out_shape, nhwc_strides(s.out_shape), s.dtype
 
 
 class PoolRunner:
@@ -109,7 +110,7 @@ class PoolRunner:
             self.x.copy_(self._copy)
         s = self.t.spec
         return verify_in_sandbox(sandbox, self.t.so_path, 0, [self.x],
-                                 (s.out_shape, maxpool.DTYPES[s.dtype], _nhwc_strides(s.out_shape)), timeout_s,
+                                 (s.out_shape, maxpool.DTYPES[s.dtype], nhwc_strides(s.out_shape)), timeout_s,
                                  expected, ref64)
 
     def values(self) -> dict[str, TensorSpec]:
