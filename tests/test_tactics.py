@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ascendc_pack.tactics.dispatch as T
-from ascendc_pack.tactics.dispatch import AttentionStep, ConvStep, Epilogue, LinearStep
+from ascendc_pack.tactics.dispatch import AttentionStep, ConvStep, Epilogue, LinearStep, PoolStep
 
 from .conftest import ROOT
 
@@ -134,6 +134,18 @@ def test_onednn_conv_output_layout_is_recorded():
         out = _run(t, T.random_env(step))
         fmt = "channels_last" if out.is_contiguous(memory_format=torch.channels_last) else "contiguous"
         assert t.param("out_layout") == fmt, t.name
+
+
+# ---- max pooling -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_max_pooling_keeps_the_values_of_the_captured_op(layout, dtype):
+    step = PoolStep((2, 5, 9, 11), (3, 2), (2, 1), (1, 1), (1, 2), layout, dtype)
+    (aten,) = _all_match(step, expect={"aten"})
+    out = _run(aten, T.random_env(step))
+    assert out.shape == step.out_shape and out.dtype == getattr(torch, dtype)
+    assert T.step_from_json(json.loads(json.dumps(step.to_json()))) == step
 
 
 # ---- attention ---------------------------------------------------------------------------------

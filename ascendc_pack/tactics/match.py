@@ -333,9 +333,11 @@ class Matcher:
         if idx is not None and (self.consumers(idx) or idx in self.g.outputs):
             return None
         x, kernel, stride, padding, dilation, ceil_mode = list(s.args) + [(), 0, 1, False][len(s.args) - 2:]
+        if not isinstance(x, Ref) or ceil_mode:
+            return None
         xs, ys = self.spec(x.name), self.spec(y)
-        if not isinstance(x, Ref) or ceil_mode or xs is None or ys is None or len(xs.shape) != 4 \
-                or ys.dtype not in ("float32", "bfloat16") or self.constant(x.name):
+        if xs is None or ys is None or len(xs.shape) != 4 or ys.dtype not in ("float32", "bfloat16") \
+                or self.constant(x.name):
             return None
         pair = lambda v: (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))  # noqa: E731
         kernel, stride = pair(kernel), pair(stride) if stride else pair(kernel)
@@ -358,7 +360,7 @@ class Matcher:
         for kind, ops in (("attention", ("aten.amax.default",)), ("gemm", MM_OPS),
                           ("conv", ("aten.convolution.default",)), ("pool", ("aten.max_pool2d_with_indices.default",))):
             for i, s in enumerate(self.g.steps):
-                if i in self.taken or not isinstance(s, AtenStep) or s.op not in ops or (s.multi and kind != "pool"):
+                if i in self.taken or not isinstance(s, AtenStep) or s.op not in ops:
                     continue
                 m = getattr(self, kind)(i)
                 if m is not None and not (set(m.steps) & self.taken):
