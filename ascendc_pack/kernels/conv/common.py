@@ -1,6 +1,7 @@
-"""What the generated convolution kernels share (``dwconv``: depthwise, ``directconv``: dense):
-the epilogue steps they fuse (the ops themselves: :mod:`ascendc_pack.ir.epilogue`), output
-geometry, BatchNorm folding, and the launchers' operand checks and eager epilogue."""
+"""What the generated convolution kernels share (``dwconv``: depthwise, ``directconv``: dense; the
+max pooling shares the geometry): the epilogue steps they fuse (the ops themselves:
+:mod:`ascendc_pack.ir.epilogue`), field checks and output geometry, BatchNorm folding, and the
+launchers' operand checks and eager epilogue."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from ascendc_pack_runtime.tensor_meta import same_layout
 
+from ascendc_pack.cache import check_component
 from ascendc_pack.ir.epilogue import eager
 
 UNARY_OPS = ("relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish", "hardsigmoid", "tanh")
@@ -49,6 +51,26 @@ class ConvGeometry:
 
     error = ValueError
     kind = "conv"
+
+    def check_fields(self, sizes: tuple[str, ...]) -> None:
+        """The kernel name (a cache path component), the positive ints ``sizes``, and ``stride``
+        (>= 1), ``padding`` (>= 0) and ``dilation`` (>= 1) as (rows, columns) pairs - an int is
+        both - stored as tuples; else ``error`` naming the field."""
+        try:
+            check_component(self.name, f"{self.kind} kernel name")
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        for what in sizes:
+            v = getattr(self, what)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise self.error(f"{self.kind} {self.name}: {what} must be a positive int, got {v!r}")
+        for what, least in (("stride", 1), ("padding", 0), ("dilation", 1)):
+            value = getattr(self, what)
+            v = (value, value) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+            if len(v) != 2 or any(not isinstance(e, int) or isinstance(e, bool) or e < least for e in v):
+                raise self.error(f"{self.kind} {self.name}: {what} must be an int or a pair of ints >= {least} "
+                                 f"(rows, columns), got {value!r}")
+            object.__setattr__(self, what, v)
 
     def check_geometry(self) -> None:
         """One residual ``add`` at most, and an output of one position at least along each axis."""

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
 from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
@@ -72,21 +71,7 @@ class DwConvSpec(ConvGeometry):
     epilogue: tuple[str, ...] = ()
 
     def __post_init__(self):
-        try:
-            check_component(self.name, "depthwise conv kernel name")
-        except ValueError as e:
-            raise DwConvSpecError(str(e)) from None
-        for what in ("n", "c", "h", "w", "kh", "kw"):
-            v = getattr(self, what)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise DwConvSpecError(f"depthwise conv {self.name}: {what} must be a positive int, got {v!r}")
-        for what, least in (("stride", 1), ("padding", 0), ("dilation", 1)):
-            v = getattr(self, what)
-            v = (v, v) if isinstance(v, int) and not isinstance(v, bool) else tuple(v)
-            if len(v) != 2 or any(not isinstance(e, int) or isinstance(e, bool) or e < least for e in v):
-                raise DwConvSpecError(f"depthwise conv {self.name}: {what} must be an int or a pair of ints "
-                                      f">= {least} (rows, columns), got {getattr(self, what)!r}")
-            object.__setattr__(self, what, v)
+        self.check_fields(("n", "c", "h", "w", "kh", "kw"))
         if self.dtype != "float32":
             raise DwConvSpecError(f"depthwise conv {self.name}: dtype must be float32, got {self.dtype!r}; "
                                   f"other dtypes run as ATen")

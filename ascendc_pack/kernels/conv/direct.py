@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
 from ascendc_pack.ir.epilogue import EPILOGUE, c_statement
@@ -48,14 +47,6 @@ TEMPLATE_NAME = "kernel/directconv.cpp.j2"
 class ConvSpecError(PackError, ValueError):
     """A direct-convolution spec or kernel call is inconsistent (the message names the field and
     the fix)."""
-
-
-def _pair(spec_name: str, what: str, value, least: int) -> Pair:
-    v = (value, value) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
-    if len(v) != 2 or any(not isinstance(e, int) or isinstance(e, bool) or e < least for e in v):
-        raise ConvSpecError(f"direct conv {spec_name}: {what} must be an int or a pair of ints >= {least} "
-                            f"(rows, columns), got {value!r}")
-    return v
 
 
 @dataclass(frozen=True)
@@ -88,16 +79,7 @@ class ConvSpec(ConvGeometry):
     residual_layout: str = "nhwc"
 
     def __post_init__(self):
-        try:
-            check_component(self.name, "direct conv kernel name")
-        except ValueError as e:
-            raise ConvSpecError(str(e)) from None
-        for what in ("n", "c_in", "c_out", "h", "w", "kh", "kw"):
-            v = getattr(self, what)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConvSpecError(f"direct conv {self.name}: {what} must be a positive int, got {v!r}")
-        for what, least in (("stride", 1), ("padding", 0), ("dilation", 1)):
-            object.__setattr__(self, what, _pair(self.name, what, getattr(self, what), least))
+        self.check_fields(("n", "c_in", "c_out", "h", "w", "kh", "kw"))
         if self.dtype != "float32":
             raise ConvSpecError(f"direct conv {self.name}: dtype must be float32, got {self.dtype!r}; "
                                 f"other dtypes run as ATen")

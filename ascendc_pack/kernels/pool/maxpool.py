@@ -27,7 +27,6 @@ import torch
 
 from ascendc_pack_runtime.kernels import KernelLibrary
 
-from ascendc_pack.cache import check_component
 from ascendc_pack.config import BuildConfig
 from ascendc_pack.errors import PackError
 from ascendc_pack.kernels import family
@@ -68,21 +67,7 @@ class MaxPoolSpec(ConvGeometry):
     epilogue = ()
 
     def __post_init__(self):
-        try:
-            check_component(self.name, "max pool kernel name")
-        except ValueError as e:
-            raise MaxPoolSpecError(str(e)) from None
-        for what in ("n", "c", "h", "w", "kh", "kw"):
-            v = getattr(self, what)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MaxPoolSpecError(f"max pool {self.name}: {what} must be a positive int, got {v!r}")
-        for what, least in (("stride", 1), ("padding", 0), ("dilation", 1)):
-            v = getattr(self, what)
-            v = (v, v) if isinstance(v, int) and not isinstance(v, bool) else tuple(v)
-            if len(v) != 2 or any(not isinstance(e, int) or isinstance(e, bool) or e < least for e in v):
-                raise MaxPoolSpecError(f"max pool {self.name}: {what} must be an int or a pair of ints >= {least} "
-                                       f"(rows, columns), got {getattr(self, what)!r}")
-            object.__setattr__(self, what, v)
+        self.check_fields(("n", "c", "h", "w", "kh", "kw"))
         if self.dtype not in DTYPES:
             raise MaxPoolSpecError(f"max pool {self.name}: dtype must be one of {', '.join(DTYPES)}, got "
                                    f"{self.dtype!r}; other dtypes run as ATen")
