@@ -29,6 +29,13 @@ LAYOUTS = ("contiguous", "channels_last")
 CL = MemoryFormat("channels_last")
 
 
+def window_out(step) -> tuple[int, int]:
+    """Output height and width of a sliding-window step (``x_shape``, ``kernel``, ``stride``,
+    ``padding``, ``dilation``: a convolution or a pooling)."""
+    return tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                 for s, p, d, k, st in zip(step.x_shape[2:], step.padding, step.dilation, step.kernel, step.stride))
+
+
 @dataclass(frozen=True)
 class ConvStep:
     """``aten::convolution`` of ``x`` [N, C, H, W] by a constant weight [O, C/groups, kh, kw].
@@ -63,10 +70,7 @@ class ConvStep:
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
-        n, _, h, w = self.x_shape
-        size = [(s + 2 * p - d * (k - 1) - 1) // st + 1
-                for s, p, d, k, st in zip((h, w), self.padding, self.dilation, self.kernel, self.stride)]
-        return (n, self.out_channels, *size)
+        return (self.x_shape[0], self.out_channels, *window_out(self))
 
     def to_json(self) -> dict:
         return {"kind": self.kind, **asdict(self)}

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ascendc_pack.tactics.dispatch.conv import window_out
 from ascendc_pack.tactics.dispatch.spec import Call, Ref, Tactic
 
 LAYOUTS = ("contiguous", "channels_last")
@@ -38,10 +39,7 @@ class PoolStep:
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
-        n, c, h, w = self.x_shape
-        size = [(s + 2 * p - d * (k - 1) - 1) // st + 1
-                for s, p, d, k, st in zip((h, w), self.padding, self.dilation, self.kernel, self.stride)]
-        return (n, c, *size)
+        return (*self.x_shape[:2], *window_out(self))
 
     def to_json(self) -> dict:
         return {"kind": self.kind, **asdict(self)}
