@@ -321,6 +321,31 @@ def test_warm_rebuild_profiles_nothing_and_reuses_the_choice(tmp_path, monkeypat
     assert other.pending() == 2  # timings of another host are not reused
 
 
+def test_an_edited_kernel_generator_is_timed_again(tmp_path, monkeypatch):
+    """The PGO record of a step with generated candidates is keyed by their libraries, whose cache
+    paths carry the generator's version: an edited template does not inherit the old timings."""
+    from ascendc_pack.kernels import family
+
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU()).eval()
+    x = torch.randn(16, 32)
+    found = _found(m, x)
+    config = BuildConfig(topn=2, cache_dir=tmp_path, jobs=2)
+
+    def tuned():
+        tuner = TacticTuner(found.model, found.weights, config, FAST, compile_epilogue=False)
+        pending = tuner.pending()
+        tuner(x)
+        tuner.close()
+        return tuner, pending
+
+    cold, pending = tuned()
+    assert pending == 1 and any(t.family != "dispatch" for ch in cold.choices.values() for t in ch.candidates)
+    assert tuned()[1] == 0                                    # same kernels: the record is reused
+    real = family.generator_version
+    monkeypatch.setattr(family, "generator_version", lambda *a: real(*a) + "-edited")
+    assert tuned()[1] == 1                                    # an edited generator: timed again
+
+
 def test_warm_pipeline_keeps_the_choices(tmp_path):
     m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
     x = (torch.randn(16, 32),)

@@ -262,8 +262,13 @@ class TacticTuner:
         self._check(ch, step, env, out)
 
     def _cache_dir(self, ch: TacticChoice) -> KernelDir:
+        """Where ``ch``'s PGO record lives: keyed by its candidates, and by the generated ones'
+        libraries (their cache paths carry the generator's version: a kernel template edited
+        within one package version is timed again instead of inheriting the old code's timings)."""
+        root = self.config.kernel_cache_root
+        libs = sorted(os.path.relpath(t.so_path, root) for t in ch.candidates if getattr(t, "so_path", None))
         ahash = stable_hash(TACTIC_TUNING_VERSION, ch.name, json.dumps(sorted(t.key for t in ch.candidates)),
-                            torch.__version__, package_version(), self.config.effective_cores,
+                            json.dumps(libs), torch.__version__, package_version(), self.config.effective_cores,
                             "pool" if pool_enabled() else "openmp")[:16]
         return KernelDir(self.config.kernel_cache_root / TACTIC_CACHE_SUBDIR, ch.name, ahash)
 
