@@ -68,7 +68,7 @@ def widen_after_pools(model: ModelProgram, choices: dict, config) -> ModelProgra
             replaced[i] = _rewritten(s, twin, src, values)
             dropped.add(cast_at)
             values.pop(s.bind["x"], None)
-            _record(ch, s, twin, src)
+            _record(ch, s, replaced[i][0], twin)
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -131,17 +131,14 @@ def _rewritten(s: TacticStep, twin: KernelTactic, src: str, values: dict) -> lis
     return [pool, AtenStep(WIDEN, [Ref(pooled)], {"dtype": torch.float32}, [out])]
 
 
-def _record(ch, s: TacticStep, twin: KernelTactic, src: str) -> None:
-    """The twin as one more (untimed) candidate of the step's choice, chosen by this use."""
+def _record(ch, s: TacticStep, pool: TacticStep, twin: KernelTactic) -> None:
+    """The twin as one more (untimed) candidate of the step's choice, chosen by the use that was
+    ``s`` and is ``pool`` now."""
     ch.candidates.append(twin)
-    ch.results.append(TacticResult(len(ch.results), twin.key, twin.name,
-                                   values={"out": TensorSpec(twin.spec.out_shape, "bfloat16",
-                                                             nhwc_strides(twin.spec.out_shape))}))
+    ch.results.append(TacticResult(len(ch.results), twin.key, twin.name, values=dict(pool.values)))
     for u in ch.uses:
         if list(u["outputs"]) == list(s.outputs):
-            u["chosen_index"] = len(ch.candidates) - 1
-            u["outputs"] = [f"{s.outputs[0]}__bf16"]
-            u["inputs"] = [src]
+            u.update(chosen_index=len(ch.candidates) - 1, outputs=list(pool.outputs), inputs=[pool.bind["x"]])
 
 
 __all__ = ["widen_after_pools"]

@@ -32,9 +32,8 @@ def pool_spec(step: TacticStep) -> maxpool.MaxPoolSpec | None:
     if step.tactic_kind != "pool":
         return None
     try:
-        return maxpool.MaxPoolSpec(f"maxpool_{step.name}", *d["x_shape"][:1], d["x_shape"][1], *d["x_shape"][2:],
-                                   *d["kernel"], tuple(d["stride"]), tuple(d["padding"]), tuple(d["dilation"]),
-                                   d["dtype"])
+        return maxpool.MaxPoolSpec(f"maxpool_{step.name}", *d["x_shape"], *d["kernel"], tuple(d["stride"]),
+                                   tuple(d["padding"]), tuple(d["dilation"]), d["dtype"])
     except maxpool.MaxPoolSpecError as e:
         log.debug("no generated max pooling for %s: %s", step.name, e)
         return None
