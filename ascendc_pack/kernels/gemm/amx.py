@@ -90,11 +90,21 @@ def workspace_bytes(spec, t: AmxTiling) -> int:
 def estimate_us(spec, t: AmxTiling, target: CpuTarget, gather: float = 1.0) -> float:
     """Rank-only estimate of one call (µs) of ``spec`` (anything with ``m``, ``n``, ``k`` and
     ``epilogue``): per task, the tile products (16 cycles each, TMUL's throughput) or the tile
-    loads feeding them, A's rounding (``gather`` times a strided row's cost), the epilogue through a
-    float32 block; the busiest thread's tasks; the fork/join of a parallel call."""
+    loads feeding them, the stream of its packed B block from memory (beside them: tile loads that
+    miss the caches stall the products), A's rounding (``gather`` times a strided row's cost), the epilogue through a float32 block;
+    the busiest thread's tasks; the fork/join of a parallel call.
+
+    The weight stream: in a model every other step's weights pass through the caches between two
+    calls, so a task reads its B block (bfloat16) at the host's memory rate, once per thread when
+    the block fits half of L2 (the thread's next row block finds it there), else once per task.
+    resnet18's 7x7-pixel 512-channel convolution (4.7 MB of weight, 49 output rows): a row split
+    reads all of it on both cores, 206 µs in the build's PGO, where splitting the columns reads
+    half on each."""
     kp = _kp(spec)
     tm, tn = t.mr // 16, t.nr // 16
     epi = 3 + sum(EPILOGUE[o].cycles for o in spec.epilogue)
+    stream_bytes_per_cycle = target.mem_gbps / target.ghz
+    row_tasks_per_thread = max(1, _ceil(spec.m, t.mc) // t.bd)
 
     def task_cycles(mlen: int, nlen: int) -> float:
         blocks = _ceil(mlen, t.mr) * _ceil(nlen, t.nr)
@@ -102,7 +112,11 @@ def estimate_us(spec, t: AmxTiling, target: CpuTarget, gather: float = 1.0) -> f
         tiles = blocks * (kp // 32) * kstep + blocks * 40 * tm * tn
         if (mlen + nlen) * kp * 2 > target.l2 * 0.75:  # the task's A and B blocks spill L2
             tiles *= 1.3
-        return 300 + tiles + mlen * kp / 16 * 2 * gather + mlen * _ceil(nlen, 16) * epi
+        b_bytes = _ceil(nlen, 16) * 16 * kp * 2
+        stream = b_bytes / stream_bytes_per_cycle
+        if b_bytes <= target.l2 / 2:
+            stream /= row_tasks_per_thread
+        return 300 + tiles + stream + mlen * kp / 16 * 2 * gather + mlen * _ceil(nlen, 16) * epi
 
     tasks = [task_cycles(min(t.mc, spec.m - i), min(t.nc, spec.n - j))
              for j in range(0, spec.n, t.nc) for i in range(0, spec.m, t.mc)]
