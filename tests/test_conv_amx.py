@@ -5,6 +5,8 @@ AMX-BF16."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +16,8 @@ from ascendc_pack.config import BuildConfig
 from ascendc_pack.kernels import family
 from ascendc_pack.kernels.conv import amx
 from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
-from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, AmxDirectConvKernel, eager_reference, random_operands
+from ascendc_pack.kernels.conv.direct_launch import (AmxConvKernel, AmxDirectConvKernel, AmxRowsConvKernel, eager_reference,
+                                                     random_operands)
 from ascendc_pack.kernels.gemm.amx import amx_offered
 from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.tactics.dispatch.lowp import STEP_TOLERANCE
@@ -49,7 +52,17 @@ DIRECT_SPECS = [   # the direct variant: input channels a multiple of 32
     ConvSpec.from_conv("amxd_1x1s2", (1, 64, 12, 12), (24, 64, 1, 1), 2, 0, bias=True),
     ConvSpec.from_conv("amxd_rect", (1, 32, 10, 37), (40, 32, 1, 5), (1, 2), (0, 2), bias=True, epilogue=("add",)),
 ]
-KERNELS = {amx.GENERATOR.name: AmxConvKernel, amx.DIRECT.name: AmxDirectConvKernel}
+ROWS_SPECS = [     # the kernel-row variant: NCHW x of at most 4 channels (rounded into 2 or 4 a pixel)
+    ConvSpec.from_conv("amxr_stem", (2, 3, 30, 26), (32, 3, 7, 7), 2, 3, bias=True, epilogue=("relu",),
+                       x_layout="nchw"),                                                           # W, OW off 16
+    ConvSpec.from_conv("amxr_gray", (1, 1, 19, 35), (20, 1, 3, 5), (1, 2), (1, 2), x_layout="nchw"),  # O off 16
+    ConvSpec.from_conv("amxr_res", (1, 4, 12, 37), (16, 4, 3, 3), 1, 1, bias=True, epilogue=("add", "relu"),
+                       x_layout="nchw"),                                       # 4 channels, NHWC residual
+    ConvSpec.from_conv("amxr_vdil", (1, 2, 17, 33), (48, 2, 3, 8), 1, (2, 3), (2, 1), epilogue=("silu",),
+                       x_layout="nchw"),                              # vertical dilation, a 32-value row
+]
+KERNELS = {amx.GENERATOR.name: AmxConvKernel, amx.DIRECT.name: AmxDirectConvKernel,
+           amx.ROWS.name: AmxRowsConvKernel}
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +73,10 @@ def compiled(tmp_path_factory):
     target = CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
     builds = family.compile_all(amx.GENERATOR, SPECS, config, target)
     direct = family.compile_all(amx.DIRECT, DIRECT_SPECS, config, target)
+    rows = family.compile_all(amx.ROWS, ROWS_SPECS, config, target)
     return {**{s.name: (amx.GENERATOR.name, b) for s, b in zip(SPECS, builds)},
-            **{s.name: (amx.DIRECT.name, b) for s, b in zip(DIRECT_SPECS, direct)}}
+            **{s.name: (amx.DIRECT.name, b) for s, b in zip(DIRECT_SPECS, direct)},
+            **{s.name: (amx.ROWS.name, b) for s, b in zip(ROWS_SPECS, rows)}}
 
 
 def _rounded_reference(spec: ConvSpec, x, w, bias, res):
@@ -75,9 +90,9 @@ def _rounded_reference(spec: ConvSpec, x, w, bias, res):
 
 
 @needs_amx
-@pytest.mark.parametrize("spec", SPECS + DIRECT_SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", SPECS + DIRECT_SPECS + ROWS_SPECS, ids=lambda s: s.name)
 def test_every_amx_conv_candidate_matches_eager(spec, compiled):
-    """Every tiling (im2col and direct): within the bf16 step tolerance of float32 eager, and
+    """Every tiling (im2col, direct and kernel-row): within the bf16 step tolerance of float32 eager, and
     within float32 rounding of the same convolution on bfloat16-rounded operands (a gather,
     padding, strip or packing error shows there at once)."""
     x, w, bias, res = random_operands(spec, seed=spec.c_in)
@@ -99,6 +114,19 @@ def test_the_nchw_packing_orders_taps_by_row_channel_column():
     for o, c, i, j in ((0, 0, 0, 0), (19, 2, 1, 2), (17, 1, 0, 2), (5, 2, 1, 0)):
         k = (i * 3 + c) * 3 + j
         assert p[o // 16, k // 2, o % 16, k % 2] == w[o, c, i, j].bfloat16()
+
+
+def test_the_kernel_row_packing_pads_each_tap_to_the_rounded_channels():
+    """k = (i * kw + j) * CP + c with CP = 4 for 3 channels; the fourth channel's rows are zero."""
+    w = torch.randn(20, 3, 2, 3)
+    p = amx.pack_weight(w, "rows")
+    spec = ConvSpec.from_conv("pk", (1, 3, 8, 8), (20, 3, 2, 3), x_layout="nchw")
+    assert tuple(p.shape) == amx.packed_shape(spec, rows=True) == (2, 16, 16, 2)   # K = 24 padded to 32
+    for o, c, i, j in ((0, 0, 0, 0), (19, 2, 1, 2), (17, 1, 0, 2), (5, 2, 1, 0)):
+        k = (i * 3 + j) * 4 + c
+        assert p[o // 16, k // 2, o % 16, k % 2] == w[o, c, i, j].bfloat16()
+    assert not p[:, 1::2, :, 1].any()   # c = 3: odd k of every odd pair
+    assert amx.rows_channels(1) == amx.rows_channels(2) == 2 and amx.rows_channels(3) == 4
 
 
 def test_the_packed_weight_is_the_tile_layout():
@@ -129,6 +157,16 @@ def test_which_convolutions_have_an_amx_kernel():
     assert amx.direct_applies(seven) is None and "fill 44%" in amx.direct_pays(seven)
     with pytest.raises(ConvSpecError, match="no AMX kernel"):
         amx.render(res_nchw, None, "")
+    stem = ConvSpec.from_conv("s", (1, 3, 224, 224), (64, 3, 7, 7), 2, 3, x_layout="nchw")
+    assert amx.rows_pays(stem) is None
+    assert "NCHW" in amx.rows_applies(dataclasses.replace(stem, x_layout="nhwc"))
+    assert "at most 4" in amx.rows_applies(ConvSpec.from_conv("h", (1, 5, 8, 8), (16, 5, 3, 3), x_layout="nchw"))
+    assert "exceed a tile row" in amx.rows_applies(ConvSpec.from_conv("i", (1, 3, 20, 20), (16, 3, 9, 9),
+                                                                      x_layout="nchw"))
+    assert "dilation" in amx.rows_applies(ConvSpec.from_conv("j", (1, 3, 20, 20), (16, 3, 3, 3), 1, 2, 2,
+                                                             x_layout="nchw"))
+    assert "fill 44%" in amx.rows_pays(ConvSpec.from_conv("k", (1, 3, 14, 14), (16, 3, 3, 3), 2, 1,
+                                                          x_layout="nchw"))
     thin = ConvSpec.from_conv("f", (1, 48, 8, 8), (16, 48, 3, 3))
     with pytest.raises(ConvSpecError, match="no direct AMX kernel"):
         amx.render(thin, amx.propose_direct(ConvSpec.from_conv("f", (1, 64, 8, 8), (16, 64, 3, 3)),
@@ -190,9 +228,11 @@ def test_a_bf16_build_picks_amx_convolutions_and_the_bundle_requires_amx(tmp_pat
     assert len(direct) == 2, res.summary()                            # the two on 32 channels, not the stem
     nchw = {t.spec.name for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_nchw_bf16"}
     assert len(nchw) == 1, res.summary()                              # the stem, reading the NCHW input in place
+    rows = {t.spec.name for ch in res.tactics.values() for t in ch.candidates if t.family == "conv_amx_rows_bf16"}
+    assert rows == {n.replace("conv_amx_nchw_", "conv_amxr_") for n in nchw}, res.summary()   # and its kernel rows
     for ch in res.tactics.values():                                    # every AMX candidate verified
         assert all(r.ok for t, r in zip(ch.candidates, ch.results) if t.family.startswith("conv_amx"))
     assert_within_budget(loaded, out, res)
     chosen = {ch.candidates[u["chosen_index"]].family for ch in res.tactics.values() for u in ch.uses}
-    if chosen & {"conv_amx_bf16", "conv_amx_direct_bf16"}:   # PGO's pick (timed, not asserted): then AMX is required
+    if chosen & {"conv_amx_bf16", "conv_amx_direct_bf16", "conv_amx_rows_bf16"}:   # PGO's pick (timed, not asserted): then AMX is required
         assert "amx_bf16" in rt.read_manifest(out).precision.requires

@@ -21,6 +21,13 @@ Its tasks are output rows of an image times column blocks (:class:`AmxDirectTili
 taps are then ordered (i, c, j), so a channel's kernel row is one run of x (``pack_weight(w,
 "nchw")``): a ViT's patch embedding needs no relayout of the image.
 
+**Kernel rows** (:data:`ROWS`, an NCHW ``x`` of at most 4 channels: a CNN's stem): the direct
+variant once more, but x is rounded per call into ``CP`` (2 or 4) channels a pixel, the ones past
+``C`` zero, so a kernel row's taps (``KW * CP`` values, at most 32) are one run of it, and an A
+tile of that depth (16 rows of 28 values for a 7x7 RGB stem) is read in place: ``KH`` tile
+products a strip per column tile where the im2col gathers ``KH * KW * C`` values per output pixel
+(``pack_weight(w, "rows")``). The zero channels make every tile row exactly its pixel's taps.
+
 Why: on this host oneDNN's bfloat16 convolutions left resnet18 at 6.1 ms where OpenVINO's bfloat16
 runs it in 2.5; they wake an OpenMP team per call and keep activations in bfloat16 between steps
 (a cast kernel on each side). Offered only with ``--precision bf16`` / ``auto`` on a host with
@@ -29,6 +36,7 @@ AMX-BF16 (:func:`ascendc_pack.kernels.gemm.amx.amx_offered`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -84,23 +92,39 @@ def _kp(k: int) -> int:
     return -(-k // 32) * 32
 
 
-def packed_shape(spec: ConvSpec) -> tuple[int, int, int, int]:
-    """The packed weight's shape: ``[ceil(O/16), KP/2, 16, 2]`` bfloat16 (KP: K padded to 32)."""
-    return (-(-spec.c_out // 16), _kp(spec.kh * spec.kw * spec.c_in) // 2, 16, 2)
+ROWS_MAX_CHANNELS = 4
+"""The kernel-row variant's input channels at most (rounded into 2 or 4 a pixel)."""
+
+
+def rows_channels(c_in: int) -> int:
+    """The channels a pixel of x has once rounded for the kernel-row variant: ``c_in`` rounded up
+    to 2 or 4 (an even count, so a kernel row's taps are whole bfloat16 pairs)."""
+    return 2 if c_in <= 2 else 4
+
+
+def packed_shape(spec: ConvSpec, rows: bool = False) -> tuple[int, int, int, int]:
+    """The packed weight's shape: ``[ceil(O/16), KP/2, 16, 2]`` bfloat16 (KP: K padded to 32; K
+    counts :func:`rows_channels` a tap with ``rows``)."""
+    c = rows_channels(spec.c_in) if rows else spec.c_in
+    return (-(-spec.c_out // 16), _kp(spec.kh * spec.kw * c) // 2, 16, 2)
 
 
 def pack_weight(weight: torch.Tensor, x_layout: str = "nhwc") -> torch.Tensor:
     """A dense weight ``[O, C, kh, kw]`` rounded to bfloat16 (to nearest even) in the layout the
     tile unit reads: 16-column panels of k pairs, ``packed[p, k // 2, j, k % 2] = W[16p + j]`` at
-    tap ``k = (i * kw + j') * C + c`` (``x_layout`` ``"nchw"``: ``k = (i * C + c) * kw + j'``);
-    zero past O and past K."""
+    tap ``k = (i * kw + j') * C + c`` (``x_layout`` ``"nchw"``: ``k = (i * C + c) * kw + j'``;
+    ``"rows"``: the ``"nhwc"`` order over :func:`rows_channels` channels, zero past C); zero past
+    O and past K."""
     if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
         raise ConvSpecError(f"a dense convolution weight is a [O, C, kh, kw] tensor, got "
                             f"{list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if x_layout == "rows":
+        o, c = weight.shape[:2]
+        weight = torch.cat([weight.detach().float(), weight.new_zeros(o, rows_channels(c) - c, *weight.shape[2:])], 1)
     o, c, kh, kw = weight.shape
     k, panels = kh * kw * c, -(-o // 16)
     b = torch.zeros(_kp(k), panels * 16, dtype=torch.float32)
-    taps = (2, 3, 1, 0) if x_layout == "nhwc" else (2, 1, 3, 0)
+    taps = (2, 1, 3, 0) if x_layout == "nchw" else (2, 3, 1, 0)
     b[:k, :o] = weight.detach().float().permute(*taps).reshape(k, o)
     return b.to(torch.bfloat16).view(-1, 2, panels, 16).permute(2, 0, 3, 1).contiguous()
 
@@ -136,21 +160,51 @@ def direct_applies(spec: ConvSpec) -> str | None:
     return why
 
 
-def direct_pays(spec: ConvSpec) -> str | None:
-    """Why the direct variant is not offered for ``spec`` (None: it is): it must apply, and the
-    output rows must fill :data:`MIN_STRIP_FILL` of their strips (it computes every strip's 16
-    pixels)."""
-    why = direct_applies(spec)
+def _strips_filled(spec: ConvSpec, why: str | None) -> str | None:
+    """``why``, else why the output rows do not fill :data:`MIN_STRIP_FILL` of their strips (the
+    direct variants compute every strip's 16 pixels)."""
     fill = spec.ow / (16 * -(-spec.ow // 16))
     if why is None and fill < MIN_STRIP_FILL:
         why = f"{spec.ow}-pixel output rows fill {fill:.0%} of their 16-pixel strips"
     return why
 
 
+def direct_pays(spec: ConvSpec) -> str | None:
+    """Why the direct variant is not offered for ``spec`` (None: it is): it must apply, and the
+    output rows must fill :data:`MIN_STRIP_FILL` of their strips."""
+    return _strips_filled(spec, direct_applies(spec))
+
+
+def rows_applies(spec: ConvSpec) -> str | None:
+    """Why ``spec`` has no kernel-row AMX kernel (None: it has)."""
+    why = amx_conv_applies(spec)
+    if why is None and spec.x_layout != "nchw":
+        why = "x must be NCHW (an entry convolution's input)"
+    if why is None and spec.c_in > ROWS_MAX_CHANNELS:
+        why = f"{spec.c_in} input channels (the kernel-row variant rounds at most {ROWS_MAX_CHANNELS} a pixel)"
+    if why is None and spec.dilation[1] != 1:
+        why = f"horizontal dilation {spec.dilation[1]} (a kernel row's taps must be adjacent)"
+    if why is None and spec.kw * rows_channels(spec.c_in) > 32:
+        why = f"{spec.kw}-tap kernel rows of {rows_channels(spec.c_in)} channels exceed a tile row's 32 values"
+    return why
+
+
+def rows_pays(spec: ConvSpec) -> str | None:
+    """Why the kernel-row variant is not offered for ``spec`` (None: it is)."""
+    return _strips_filled(spec, rows_applies(spec))
+
+
+def _rows(spec: ConvSpec) -> bool:
+    """A direct tiling of ``spec`` renders the kernel-row variant (the plain one needs NHWC x)."""
+    return spec.x_layout == "nchw"
+
+
 def xp_bytes(spec: ConvSpec) -> int:
-    """The rounded, zero-padded x ([n][h + 2p][w + 2p][c] bfloat16) and the slack a last strip reads."""
+    """The rounded, zero-padded x ([n][h + 2p][w + 2p][c] bfloat16, :func:`rows_channels` channels
+    in the kernel-row variant) and the slack a last strip reads."""
     hp, wp = spec.h + 2 * spec.padding[0], spec.w + 2 * spec.padding[1]
-    return -(-(spec.n * hp * wp * spec.c_in + 16 * spec.stride[1] * spec.c_in + 32) * 2 // 64) * 64
+    c = rows_channels(spec.c_in) if _rows(spec) else spec.c_in
+    return -(-(spec.n * hp * wp * c + 16 * spec.stride[1] * c + 32) * 2 // 64) * 64
 
 
 def direct_workspace(spec: ConvSpec, t: AmxDirectTiling) -> int:
@@ -162,7 +216,7 @@ def direct_estimate_us(spec: ConvSpec, t: AmxDirectTiling, target: CpuTarget) ->
     tile products (16 cycles each, a block's loads beside them) and epilogues, the busiest thread,
     two fork/joins of the pool when threaded."""
     strips_per_row = -(-spec.ow // 16)
-    ksteps = spec.kh * spec.kw * spec.c_in // 32
+    ksteps = spec.kh if _rows(spec) else spec.kh * spec.kw * spec.c_in // 32
     tm, tn = t.mr // 16, t.nr // 16
 
     def task(rows: int, cols: int) -> float:
@@ -205,17 +259,34 @@ def propose(spec: ConvSpec, target: CpuTarget, topn: int = 6) -> list[KernelCand
     return rank(g, space(g.m, g.n, target.cores, AmxConvTiling), target, topn, gather=2.0)
 
 
+def _interleave(cp: int) -> list[list[int]]:
+    """The kernel-row variant's rounding of x: for each 32-value vector of 16 pixels x ``cp``
+    channels, where its element ``e`` (pixel p, channel c) comes from in ``[channel 0 | channel 1]``
+    (indices below 32) and ``[channel 2 | channel 3]`` (``_mm512_permutex2var_epi16``)."""
+    out = []
+    for v in range(cp // 2):
+        pix = [((32 * v + e) // cp, e % cp) for e in range(32)]
+        out.append([(32 if c >= 2 else 0) + (c % 2) * 16 + p for p, c in pix])
+    return out
+
+
 def render(spec: ConvSpec, cand: KernelCandidate, isa: str) -> str:
     """C++ source of one candidate (shapes and tiling compiled in; a :class:`AmxDirectTiling`
-    renders the direct variant)."""
+    renders the direct variant, the kernel-row one for an NCHW ``x``)."""
     direct = cand is not None and isinstance(cand.tiling, AmxDirectTiling)
-    why = direct_applies(spec) if direct else amx_conv_applies(spec)
+    rows = direct and _rows(spec)
+    why = rows_applies(spec) if rows else direct_applies(spec) if direct else amx_conv_applies(spec)
     if why is not None:
-        raise ConvSpecError(f"direct conv {spec.name}: no {'direct ' if direct else ''}AMX kernel: {why}")
+        variant = "kernel-row " if rows else "direct " if direct else ""
+        raise ConvSpecError(f"direct conv {spec.name}: no {variant}AMX kernel: {why}")
     g, t, c = implicit_gemm(spec), cand.tiling, cand.candidate
+    cp = rows_channels(spec.c_in) if rows else spec.c_in
+    if rows:
+        g = dataclasses.replace(g, k=spec.kh * spec.kw * cp)
     conv = dict(n=spec.n, h=spec.h, w=spec.w, c=spec.c_in, oh=spec.oh, ow=spec.ow, kh=spec.kh, kw=spec.kw,
                 stride=spec.stride, padding=spec.padding, dilation=spec.dilation, direct=direct,
-                nchw=spec.x_layout == "nchw")
+                nchw=spec.x_layout == "nchw", rows=rows, cp=cp, kstep=spec.kw * cp if rows else 32,
+                interleave=_interleave(cp) if rows else None)
     per_thread = 256 * (t.mr // 16) * (t.nr // 16) * 4 if direct else thread_bytes(g, t)
     return template_env().get_template(TEMPLATE_NAME).render(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
@@ -228,6 +299,8 @@ GENERATOR = Generator("conv_amx", __name__, TEMPLATE_NAME, propose, render, AmxC
                       lambda spec, t: workspace_bytes(implicit_gemm(spec), t))
 DIRECT = Generator("conv_amx_direct", __name__, TEMPLATE_NAME, propose_direct, render, AmxDirectTiling,
                    direct_workspace, direct_estimate_us)
+ROWS = Generator("conv_amx_rows", __name__, TEMPLATE_NAME, propose_direct, render, AmxDirectTiling,
+                 direct_workspace, direct_estimate_us)
 
 
 def plan(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
@@ -240,6 +313,12 @@ def plan_direct(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = 
     return family.plan(DIRECT, spec, config, target)
 
 
-__all__ = ["AmxConvTiling", "AmxDirectTiling", "DIRECT", "GENERATOR", "ImplicitGemm", "MIN_CHANNELS", "MIN_STRIP_FILL", "direct_pays",
-           "amx_conv_applies", "direct_applies", "implicit_gemm", "pack_weight", "packed_shape", "plan", "plan_direct",
-           "propose", "propose_direct", "render", "xp_bytes"]
+def plan_rows(spec: ConvSpec, config: BuildConfig, target: CpuTarget | None = None) -> FamilyBuild:
+    """The kernel-row variant's :func:`plan`."""
+    return family.plan(ROWS, spec, config, target)
+
+
+__all__ = ["AmxConvTiling", "AmxDirectTiling", "DIRECT", "GENERATOR", "ImplicitGemm", "MIN_CHANNELS", "MIN_STRIP_FILL",
+           "ROWS", "ROWS_MAX_CHANNELS", "amx_conv_applies", "direct_applies", "direct_pays", "implicit_gemm",
+           "pack_weight", "packed_shape", "plan", "plan_direct", "plan_rows", "propose", "propose_direct", "render",
+           "rows_applies", "rows_channels", "rows_pays", "xp_bytes"]

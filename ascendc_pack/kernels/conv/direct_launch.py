@@ -128,6 +128,19 @@ class AmxDirectConvKernel(AmxConvKernel):
     tiling_type = amx.AmxDirectTiling
 
 
+class AmxRowsConvKernel(AmxDirectConvKernel):
+    """A candidate of the kernel-row AMX convolution (an NCHW ``x`` of at most 4 channels): the
+    weight packed over :func:`~ascendc_pack.kernels.conv.amx.rows_channels` channels a tap
+    (``pack_weight(w, "rows")``)."""
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        return amx.packed_shape(self.spec, rows=True)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return amx.pack_weight(weight, "rows")
+
+
 def eager_reference(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, bias=None, residual=None) -> torch.Tensor:
     """What eager PyTorch computes for ``spec``: ``F.conv2d`` on ``x`` ([N, C, H, W], any layout)
     with the ``[O, C, kh, kw]`` weight, then the epilogue steps with torch's ops."""
@@ -150,4 +163,4 @@ def random_operands(spec: ConvSpec, seed: int = 0):
     return x, weight, bias, residual
 
 
-__all__ = ["AmxConvKernel", "AmxDirectConvKernel", "ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]
+__all__ = ["AmxConvKernel", "AmxDirectConvKernel", "AmxRowsConvKernel", "ConvKernel", "WinogradKernel", "eager_reference", "pack_weight", "random_operands"]

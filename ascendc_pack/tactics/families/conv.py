@@ -19,7 +19,9 @@ activation fused:
 * ``conv_amx_direct_bf16``: those with a multiple of 32 input channels and output rows that fill
   their 16-pixel strips once more, x rounded once and every A tile read from it in place (no im2col);
 * ``conv_amx_nchw_bf16``: the im2col kernel reading an entry step's NCHW ``x`` in place (the
-  3-channel stem of a CNN: no relayout of the input).
+  3-channel stem of a CNN: no relayout of the input);
+* ``conv_amx_rows_bf16``: an entry step's NCHW ``x`` of at most 4 channels rounded once into 2 or 4
+  channels a pixel and read in place, an A tile a kernel row of taps (the stem without an im2col).
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
@@ -50,7 +52,8 @@ from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.ir.program import TacticStep, TensorSpec
 from ascendc_pack.kernels.conv.common import UNARY_OPS, fold_affine
 from ascendc_pack.kernels.conv.depthwise_launch import DwConvKernel
-from ascendc_pack.kernels.conv.direct_launch import AmxConvKernel, AmxDirectConvKernel, ConvKernel, WinogradKernel
+from ascendc_pack.kernels.conv.direct_launch import (AmxConvKernel, AmxDirectConvKernel, AmxRowsConvKernel, ConvKernel,
+                                                     WinogradKernel)
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 from ascendc_pack.tactics.families.gemm import OnAmx, epilogue_steps, low_precision_check
 from ascendc_pack.tactics.rewrite import CL as CL_NAME  # a step description's layout
@@ -237,6 +240,9 @@ AMX_NCHW_CONV = AmxConvFamily("conv_amx_nchw_bf16", _amx_spec_of("conv_amx_nchw_
 AMX_DIRECT_CONV = AmxConvFamily("conv_amx_direct_bf16", _amx_spec_of("conv_amxd_", amxconv.direct_pays),
                                 directconv.ConvSpec.from_json, amxconv.plan_direct, AmxDirectConvKernel,
                                 lambda w, cand: amxconv.pack_weight(w), AMX_TILINGS)
+AMX_ROWS_CONV = AmxConvFamily("conv_amx_rows_bf16", _amx_spec_of("conv_amxr_", amxconv.rows_pays, True),
+                              directconv.ConvSpec.from_json, amxconv.plan_rows, AmxRowsConvKernel,
+                              lambda w, cand: amxconv.pack_weight(w, "rows"), AMX_TILINGS)
 
 
 MEMORY_FORMATS = {"nhwc": CL, "nchw": torch.contiguous_format}
@@ -296,4 +302,4 @@ class ConvKernelRunner:
 
 
 __all__ = ["AmxConvFamily", "ConvFamily", "ConvKernelRunner", "DWCONV", "DIRECTCONV", "DIRECTCONV_NCHW", "WINOGRAD",
-           "AMX_CONV", "AMX_NCHW_CONV", "AMX_DIRECT_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]
+           "AMX_CONV", "AMX_NCHW_CONV", "AMX_DIRECT_CONV", "AMX_ROWS_CONV", "in_layout", "CONV_KERNEL_TILINGS", "WINOGRAD_TILINGS", "AMX_TILINGS"]

@@ -28,6 +28,7 @@ SHIPPED = MappingProxyType({
     "conv_amx_bf16": "ascendc_pack.tactics.families.conv:AMX_CONV",
     "conv_amx_nchw_bf16": "ascendc_pack.tactics.families.conv:AMX_NCHW_CONV",
     "conv_amx_direct_bf16": "ascendc_pack.tactics.families.conv:AMX_DIRECT_CONV",
+    "conv_amx_rows_bf16": "ascendc_pack.tactics.families.conv:AMX_ROWS_CONV",
     "attention": "ascendc_pack.tactics.families.attention:ATTENTION",
     "attention_amx_bf16": "ascendc_pack.tactics.families.attention:AMX_ATTENTION",
     "maxpool": "ascendc_pack.tactics.families.pool:POOL",
