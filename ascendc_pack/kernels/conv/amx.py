@@ -12,10 +12,14 @@ bias, residual; channels_last ``y``), so the graph launches it like one.
 
 **Direct** (:data:`DIRECT`, ``c_in`` a multiple of 32): the im2col copies every input value
 ``kh·kw`` times (as much work as the tile products for resnet18's 3x3 convolutions), so this
-variant instead rounds ``x`` once per call, with its zero padding, into the shared workspace, and
-reads every A tile from it in place: 16 consecutive output pixels of one row (a strip; the pixels
-past the row's end are computed and dropped) at one tap and 32 channels, rows ``stride·C`` apart.
-Its tasks are output rows of an image times column blocks (:class:`AmxDirectTiling`).
+variant instead rounds the rows of ``x`` a task reads, with their zero padding, into the thread's
+workspace as its strips reach them (no pass of its own: the rounding runs beside the tile products
+of the rows before), and reads every A tile from there in place: 16 consecutive output pixels of
+one row (a strip; the pixels past the row's end are computed and dropped) at one tap and 32
+channels, rows ``stride·C`` apart. Its tasks are output rows of an image times column blocks
+(:class:`AmxDirectTiling`). Rounding per task instead of in a pool job of its own before the
+tasks: resnet18's 64@56 3x3 convolution 81 → 64 µs, 128@28 74 → 65, the 7x7 stem (kernel rows,
+below) 168 → 135, 256@14 63 → 68 (its tasks round 9 of 16 rows each).
 
 **NCHW input**: an entry convolution's ``x`` may be NCHW, read in place by the im2col gather; its
 taps are then ordered (i, c, j), so a channel's kernel row is one run of x (``pack_weight(w,
@@ -199,37 +203,49 @@ def _rows(spec: ConvSpec) -> bool:
     return spec.x_layout == "nchw"
 
 
-def xp_bytes(spec: ConvSpec) -> int:
-    """The rounded, zero-padded x ([n][h + 2p][w + 2p][c] bfloat16, :func:`rows_channels` channels
-    in the kernel-row variant) and the slack a last strip reads."""
-    hp, wp = spec.h + 2 * spec.padding[0], spec.w + 2 * spec.padding[1]
+def task_rows(spec: ConvSpec, t: AmxDirectTiling) -> int:
+    """The padded rows of x one task reads."""
+    return (t.rows - 1) * spec.stride[0] + (spec.kh - 1) * spec.dilation[0] + 1
+
+
+def xp_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
+    """A thread's rounded, zero-padded rows of x ([rows][w + 2p][c] bfloat16, :func:`rows_channels`
+    channels in the kernel-row variant) and the slack a last strip reads."""
+    wp = spec.w + 2 * spec.padding[1]
     c = rows_channels(spec.c_in) if _rows(spec) else spec.c_in
-    return -(-(spec.n * hp * wp * c + 16 * spec.stride[1] * c + 32) * 2 // 64) * 64
+    return -(-(task_rows(spec, t) * wp * c + 16 * spec.stride[1] * c + 32) * 2 // 64) * 64
+
+
+def _direct_thread_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
+    """A thread's rounded rows of x and one block of C tiles (float32)."""
+    return xp_bytes(spec, t) + 256 * (t.mr // 16) * (t.nr // 16) * 4
 
 
 def direct_workspace(spec: ConvSpec, t: AmxDirectTiling) -> int:
-    return xp_bytes(spec) + t.bd * 256 * (t.mr // 16) * (t.nr // 16) * 4 + 64
+    return t.bd * _direct_thread_bytes(spec, t) + 64
 
 
 def direct_estimate_us(spec: ConvSpec, t: AmxDirectTiling, target: CpuTarget) -> float:
-    """Rank-only estimate (µs): rounding x (split over the threads), per task its strip blocks'
-    tile products (16 cycles each, a block's loads beside them) and epilogues, the busiest thread,
-    two fork/joins of the pool when threaded."""
+    """Rank-only estimate (µs): per task the rounding of the rows of x it reads, its strip blocks'
+    tile products (16 cycles each, a block's loads beside them) and epilogues; the busiest thread;
+    a fork/join of the pool when threaded."""
     strips_per_row = -(-spec.ow // 16)
     ksteps = spec.kh if _rows(spec) else spec.kh * spec.kw * spec.c_in // 32
     tm, tn = t.mr // 16, t.nr // 16
+    row_rounding = (spec.w + 2 * spec.padding[1]) * spec.c_in / 16 * 2
 
     def task(rows: int, cols: int) -> float:
         blocks = -(-rows * strips_per_row // tm) * -(-cols // t.nr)
-        return 200 + blocks * (ksteps * (max(16 * tm * tn, 10 * (tm + tn)) + 4) + 40 * tm * tn + 16 * tm * tn * 8)
+        x_rows = min(spec.h + 2 * spec.padding[0], (rows - 1) * spec.stride[0] + (spec.kh - 1) * spec.dilation[0] + 1)
+        return 200 + x_rows * row_rounding + \
+            blocks * (ksteps * (max(16 * tm * tn, 10 * (tm + tn)) + 4) + 40 * tm * tn + 16 * tm * tn * 8)
 
     tasks = [task(min(t.rows, spec.oh - r), min(t.nc, spec.c_out - j))
              for j in range(0, spec.c_out, t.nc) for _ in range(spec.n) for r in range(0, spec.oh, t.rows)]
     loads = [0.0] * t.bd
     for c in sorted(tasks, reverse=True):
         loads[loads.index(min(loads))] += c
-    rounding = spec.n * (spec.h + 2 * spec.padding[0]) * (spec.w + 2 * spec.padding[1]) * spec.c_in / 16 * 2 / t.bd
-    return (max(loads) + rounding) / (target.ghz * 1e3) + (8.0 if t.bd > 1 else 0.0)
+    return max(loads) / (target.ghz * 1e3) + (4.0 if t.bd > 1 else 0.0)
 
 
 def propose_direct(spec: ConvSpec, target: CpuTarget, topn: int = 6) -> list[KernelCandidate]:
@@ -287,12 +303,12 @@ def render(spec: ConvSpec, cand: KernelCandidate, isa: str) -> str:
                 stride=spec.stride, padding=spec.padding, dilation=spec.dilation, direct=direct,
                 nchw=spec.x_layout == "nchw", rows=rows, cp=cp, kstep=spec.kw * cp if rows else 32,
                 interleave=_interleave(cp) if rows else None)
-    per_thread = 256 * (t.mr // 16) * (t.nr // 16) * 4 if direct else thread_bytes(g, t)
+    per_thread = _direct_thread_bytes(spec, t) if direct else thread_bytes(g, t)
     return template_env().get_template(TEMPLATE_NAME).render(
         name=spec.name, kernel_key=c.kernel_key, tiling_repr=c.tiling_repr, workspace=c.workspace,
         block_dim=c.block_dim, isa=isa, m=g.m, n=g.n, k=g.k, conv=conv, bias=spec.bias,
         residuals=[(0, g.n, 1)] if spec.residual else [], t=t, thread_bytes=per_thread,
-        xp_bytes=xp_bytes(spec), n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
+        xp_bytes=xp_bytes(spec, t) if direct else 0, n_inputs=spec.n_inputs, epilogue=_epilogue_lines(spec))
 
 
 GENERATOR = Generator("conv_amx", __name__, TEMPLATE_NAME, propose, render, AmxConvTiling,
