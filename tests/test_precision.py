@@ -190,6 +190,18 @@ def test_a_budget_too_tight_for_any_step_keeps_float32_and_says_so(monkeypatch):
         report.describe()
 
 
+def test_a_step_costing_more_error_than_it_saves_time_is_given_back(monkeypatch):
+    """The trim: head (5 µs of 1035 gained, half the error) goes back to float32; mid halves the
+    error too but costs 10 % more time (error x time ** TRIM_WEIGHT grows): it stays in bf16; body
+    gains more than TRIM_SHARE of the total and is not tried."""
+    report, switched, calls = _search(monkeypatch, {"body": 1000, "mid": 30, "head": 5},
+                                      {"body": 1e-3, "mid": 1e-3, "head": 2e-3}, 0.01)
+    assert switched == {"body", "mid"} and report.trimmed == ("head",) and report.error == pytest.approx(2e-3)
+    assert calls == [["body", "head", "mid"], ["body", "mid"], ["body"]]
+    assert "kept float32 where switching cost more error than it saved time: head" in report.describe()
+    assert report.to_json()["trimmed"] == ["head"] and report.to_json()["steps"]["head"] == "fp32"
+
+
 def test_steps_that_do_not_gain_are_not_switched(monkeypatch):
     report, switched, calls = _search(monkeypatch, {"a": -5}, {"a": 1e-3}, 0.01)
     assert switched == set() and calls == [] and "faster here" in report.note
