@@ -203,9 +203,9 @@ def _rows(spec: ConvSpec) -> bool:
     return spec.x_layout == "nchw"
 
 
-def task_rows(spec: ConvSpec, t: AmxDirectTiling) -> int:
-    """The padded rows of x one task reads."""
-    return (t.rows - 1) * spec.stride[0] + (spec.kh - 1) * spec.dilation[0] + 1
+def task_rows(spec: ConvSpec, rows: int) -> int:
+    """The padded rows of x a task of ``rows`` output rows reads."""
+    return (rows - 1) * spec.stride[0] + (spec.kh - 1) * spec.dilation[0] + 1
 
 
 def xp_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
@@ -213,7 +213,7 @@ def xp_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
     channels in the kernel-row variant) and the slack a last strip reads."""
     wp = spec.w + 2 * spec.padding[1]
     c = rows_channels(spec.c_in) if _rows(spec) else spec.c_in
-    return -(-(task_rows(spec, t) * wp * c + 16 * spec.stride[1] * c + 32) * 2 // 64) * 64
+    return -(-(task_rows(spec, t.rows) * wp * c + 16 * spec.stride[1] * c + 32) * 2 // 64) * 64
 
 
 def _direct_thread_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
@@ -236,8 +236,7 @@ def direct_estimate_us(spec: ConvSpec, t: AmxDirectTiling, target: CpuTarget) ->
 
     def task(rows: int, cols: int) -> float:
         blocks = -(-rows * strips_per_row // tm) * -(-cols // t.nr)
-        x_rows = min(spec.h + 2 * spec.padding[0], (rows - 1) * spec.stride[0] + (spec.kh - 1) * spec.dilation[0] + 1)
-        return 200 + x_rows * row_rounding + \
+        return 200 + task_rows(spec, rows) * row_rounding + \
             blocks * (ksteps * (max(16 * tm * tn, 10 * (tm + tn)) + 4) + 40 * tm * tn + 16 * tm * tn * 8)
 
     tasks = [task(min(t.rows, spec.oh - r), min(t.nc, spec.c_out - j))
