@@ -28,7 +28,7 @@ KERNEL_FLAGS = [
 ]
 
 UNARY = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "gelu", "nearbyint",
-         "round_bf16", "round_f16"]
+         "round_bf16", "round_f16", "exp_neg_normal"]
 
 # Each loop sits on its own line, tagged with the function name, so that -fopt-info reports can be
 # mapped back to the function they vectorize.
@@ -284,6 +284,18 @@ def test_exp_far_below_zero_computes_no_underflow(lib):
     assert not lib.underflows("sigmoid", -far) and not lib.underflows("sigmoid", far)
 
 
+def test_exp_neg_normal_is_exp_where_normal_and_zero_below(lib):
+    """ap_exp_neg_normal(s) = e^-s within ap_exp's ulps for s <= 87 (every result normal), an exact 0
+    above, never an underflow (softmax numerators, gelu's erfc); NaN stays NaN, +inf gives 0."""
+    s = np.concatenate([np.linspace(0.0, 87.0, 200_001), [1e-30, 0.5, 86.999]]).astype(np.float32)
+    got = lib.f("exp_neg_normal", s)
+    assert _ulp_error(got, _torch64("exp", -s)) <= 1.0 and np.all(got >= np.finfo(np.float32).tiny)
+    np.testing.assert_array_equal(got, lib.f("exp", -s))   # the same value as ap_exp where that is normal
+    far = np.concatenate([np.linspace(87.0001, 1e4, 10_001), [np.inf, 3e38]]).astype(np.float32)
+    assert np.all(lib.f("exp_neg_normal", far) == 0) and not lib.underflows("exp_neg_normal", far)
+    assert np.isnan(lib.f("exp_neg_normal", np.array([np.nan], np.float32))).all()
+
+
 def test_special_values(lib):
     inf, nan = np.inf, np.nan
     checks = {
@@ -422,7 +434,7 @@ def test_to_16bit(lib, name, dtype):
 
 def test_loops_vectorized(lib):
     done = lib.vectorized_loops()
-    want = {"exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "nearbyint"}
+    want = {"exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "nearbyint", "exp_neg_normal"}
     if lib.variant == "native":
         want |= {"round_bf16", "round_f16", "f32_to_bf16", "f32_to_f16", "bf16_to_f32",
                  "f16_to_f32"}
