@@ -28,10 +28,9 @@ step by step:
 * **trim** (:func:`_trim`): a step can cost more error than it saves time - resnet18's classifier
   (its output is the model's: 2.3e-3 of the 4.0e-3 bf16 error, for 6 µs of 1.9 ms). The accepted
   steps with the smallest gains (at most :data:`MAX_TRIMS`, each at most :data:`TRIM_SHARE` of the
-  total) are each tried back in float32, and
-  stay there when that lowers error x time ** :data:`TRIM_WEIGHT` (the relative error falls about
-  eight times more than the heavy steps' time grows), so a loose budget does not buy a worse model
-  for next to nothing.
+  total) are each tried back in float32, and stay there when that lowers error x time **
+  :data:`TRIM_WEIGHT` (the relative error falls about eight times more than the heavy steps' time
+  grows), so a loose budget does not buy a worse model for next to nothing.
 """
 
 from __future__ import annotations

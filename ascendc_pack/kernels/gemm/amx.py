@@ -91,8 +91,8 @@ def estimate_us(spec, t: AmxTiling, target: CpuTarget, gather: float = 1.0) -> f
     """Rank-only estimate of one call (µs) of ``spec`` (anything with ``m``, ``n``, ``k`` and
     ``epilogue``): per task, the tile products (16 cycles each, TMUL's throughput) or the tile
     loads feeding them, the stream of its packed B block from memory (beside them: tile loads that
-    miss the caches stall the products), A's rounding (``gather`` times a strided row's cost), the epilogue through a float32 block;
-    the busiest thread's tasks; the fork/join of a parallel call.
+    miss the caches stall the products), A's rounding (``gather`` times a strided row's cost), the
+    epilogue through a float32 block; the busiest thread's tasks; the fork/join of a parallel call.
 
     The weight stream: in a model every other step's weights pass through the caches between two
     calls, so a task reads its B block (bfloat16) at the host's memory rate, once per thread when

@@ -17,11 +17,13 @@ activation fused:
   (offered with ``--precision bf16`` / ``auto`` on a host with AMX-BF16; the bundle then requires
   ``amx_bf16``); weight rounded and packed at build;
 * ``conv_amx_direct_bf16``: those with a multiple of 32 input channels and output rows that fill
-  their 16-pixel strips once more, x rounded once and every A tile read from it in place (no im2col);
+  their 16-pixel strips once more, x's rows rounded per task and every A tile read from them in place
+  (no im2col);
 * ``conv_amx_nchw_bf16``: the im2col kernel reading an entry step's NCHW ``x`` in place (the
   3-channel stem of a CNN: no relayout of the input);
-* ``conv_amx_rows_bf16``: an entry step's NCHW ``x`` of at most 4 channels rounded once into 2 or 4
-  channels a pixel and read in place, an A tile a kernel row of taps (the stem without an im2col).
+* ``conv_amx_rows_bf16``: an entry step's NCHW ``x`` of at most 4 channels, its rows rounded per task
+  into 2 or 4 channels a pixel and read in place, an A tile a kernel row of taps (the stem without an
+  im2col).
 
 A step a family takes gets the cost model's first :data:`CONV_KERNEL_TILINGS` tilings of its
 kernel as candidates of its chain's channels_last configuration. The kernel reads NHWC memory (a
