@@ -23,7 +23,8 @@ from ascendc_pack.errors import ConfigError
 from ascendc_pack.pipeline import build
 from ascendc_pack.tactics import precision as P
 from ascendc_pack.tactics.dispatch.gemm import onednn_supports
-from ascendc_pack.tactics.dispatch.lowp import STEP_TOLERANCE, bf16_feature, bf16_offered, low_precision_tactics
+from ascendc_pack.tactics.dispatch.lowp import (STEP_TOLERANCE, bf16_feature, bf16_offered, low_precision_tactics,
+                                                precision_of)
 from ascendc_pack_runtime import manifest as contract
 from ascendc_pack_runtime.accuracy import check_budget, relative_error
 from ascendc_pack_runtime.errors import ManifestFieldError
@@ -293,9 +294,9 @@ def test_bf16_build_stays_within_its_budget_and_records_it(built):
     _, _, res, out, _, _ = built
     p = res.precision
     assert p.computes == "bf16" and 0 < p.error <= p.budget == 0.01 and p.input_sets == 2
-    kinds = {ch.kind for ch in res.tactics.values() for u in ch.uses if ch.candidates[u["chosen_index"]].name
-             .endswith("_bf16")}
-    assert kinds >= {"linear", "conv"}   # each kind's bfloat16 candidate verified and chosen
+    kinds = {ch.kind for ch in res.tactics.values() for u in ch.uses
+             if precision_of(ch.candidates[u["chosen_index"]]) == "bf16"}
+    assert kinds >= {"linear", "conv"}   # each kind's bfloat16 candidate (oneDNN's or an AMX kernel) chosen
     assert all(c.ok for c in res.verification)   # the bundle against eager, by the budget
     text = res.summary()
     assert "precision: bf16 requested, accuracy budget 0.01" in text and f"error {p.error:.3g} <= budget 0.01" in text
@@ -348,13 +349,17 @@ def test_the_runtime_refuses_a_host_without_native_bfloat16(built, tmp_path, mon
 
 
 def test_every_kind_of_bf16_step_lowers_with_its_conversions_fused(tmp_path_factory, monkeypatch):
-    """Every step switched to its bfloat16 candidate (GEMM, convolution chain, attention): the
-    lowered steps keep only the heavy op, their conversions and the float32 rest of the epilogue
-    become ATen steps the fuser fuses (no aten::_to_copy left as a call), and the bundle matches
-    eager within the budget."""
+    """Every step switched to its oneDNN / flash bfloat16 candidate (GEMM, convolution chain,
+    attention; the AMX kernels, which take float32 and need no conversions, are not offered here):
+    the lowered steps keep only the heavy op, their conversions and the float32 rest of the
+    epilogue become ATen steps the fuser fuses (no aten::_to_copy left as a call), and the bundle
+    matches eager within the budget."""
     if bf16_offered() is not None:
         pytest.skip(f"no native bfloat16 here: {bf16_offered()}")
     from ascendc_pack.frontend.loader import load_model_file
+    from ascendc_pack.tactics.families.gemm import OnAmx
+
+    monkeypatch.setattr(OnAmx, "offered", lambda self: "not offered in this test")
 
     def every_step(tuner, decisions):
         return [(1.0, name, (ch.low["bf16"],)) for name, ch in tuner.choices.items() if "bf16" in ch.low]
