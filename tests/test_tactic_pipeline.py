@@ -529,3 +529,17 @@ def test_a_linear_steps_pool_kernel_wins_within_the_margin_of_a_library_pick():
     assert choice("linear", 1000.0 * (1 + POOL_MARGIN) - 1) == "gemm#0"
     assert choice("linear", 1000.0 * (1 + POOL_MARGIN) + 5) == "onednn"
     assert choice("conv", 1010.0) == "onednn"
+
+    def low_choice(amx_us):   # the same within a low precision: ch.low's pick
+        bf16 = lambda name, family: SimpleNamespace(name=name, family=family,  # noqa: E731
+                                                    param=lambda key, default=None: "bf16" if key == "precision"
+                                                    else default)
+        cands = [SimpleNamespace(name="aten", family="dispatch"), bf16("onednn_bf16", "dispatch"),
+                 bf16("gemm_amx_bf16#0", "gemm_amx_bf16")]
+        results = [TacticResult(i, f"k{i}", c.name, us) for i, (c, us) in enumerate(zip(cands, (900.0, 105.2, amx_us)))]
+        ch = TacticChoice("s", "linear", {}, cands, results, best=0)
+        pick_by_precision(ch)
+        return ch.candidates[ch.low["bf16"]].name
+
+    assert low_choice(107.5) == "gemm_amx_bf16#0"          # vit_s16's qkv
+    assert low_choice(105.2 * (1 + POOL_MARGIN) + 1) == "onednn_bf16"
