@@ -12,7 +12,10 @@ rebuild of the tuned bundle. The report holds only numbers measured by this run:
 latency table with bundle ÷ best peer, the contention slowdowns, the build-time table, the
 machine, its load, the torch version and the exact command; the chart is docs/performance.png.
 Run it on a quiet machine (check ``uptime``): other load makes multi-threaded contenders wait at
-their barriers, and the report flags every row whose rounds disagree.
+their barriers, and the report flags every row whose rounds disagree. Each model's section says
+how many cores work outside the benchmark took while it timed (``/proc``: the host's busy ticks
+less those of the benchmark's process tree, plus the hypervisor's steal); under 0.1 the run was
+quiet. The load average cannot say that on a small host: the benchmark's own workers are most of it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from ascendc_pack import bench  # noqa: E402
 from ascendc_pack.bench import report  # noqa: E402
 from ascendc_pack.bench.extras import require_chart  # noqa: E402
+from ascendc_pack.bench.machine import describe_other_work  # noqa: E402
 from ascendc_pack.errors import PackError  # noqa: E402
 
 MODELS = {**{name: ROOT / "examples" / f"{name}.py" for name in bench.EXAMPLES},
@@ -105,7 +109,9 @@ def chart(results: list[dict], path: Path, topn: int) -> None:
     plt.close(fig)
 
 
-def machine_rows(machine: dict, load_start, load_end) -> list[list[str]]:
+def machine_rows(machine: dict, load_start, load_end, results: list[dict]) -> list[list[str]]:
+    works = [r["other_work"] for r in results if r.get("other_work")]
+    busiest = max(works, key=lambda w: w["cores"] + w["steal_cores"], default=None)
     return [["CPU", machine.get("cpu", "?")],
             ["usable cores (affinity)", str(machine["cores"])],
             ["CPU(s) / threads per core / sockets", f"{machine.get('CPU(s)', '?')} / "
@@ -122,7 +128,8 @@ def machine_rows(machine: dict, load_start, load_end) -> list[list[str]]:
             ["torchvision / timm / transformers", " / ".join(str(machine.get(m)) for m in ("torchvision", "timm", "transformers"))],
             ["g++", str(machine.get("g++"))],
             ["load average at start (1/5/15 min)", " ".join(f"{v:.2f}" for v in load_start) if load_start else "?"],
-            ["load average at end (1/5/15 min)", " ".join(f"{v:.2f}" for v in load_end) if load_end else "?"]]
+            ["load average at end (1/5/15 min)", " ".join(f"{v:.2f}" for v in load_end) if load_end else "?"],
+            ["other work while timing (the busiest model)", describe_other_work(busiest)]]
 
 
 def method_lines(cfg: dict, topn: int) -> list[str]:
@@ -235,7 +242,8 @@ def model_section(r: dict, topn: int) -> list[str]:
     cfg = r["config"]
     L = [f"### {r['name']}", "", f"`{rel}`, inputs {', '.join(r.get('inputs', []))}; {r.get('seconds', 0):.0f} s.", "",
          "- at start: " + bench.load_line(r.get("loadavg_start"), cfg["cores"]),
-         "- at end: " + bench.load_line(r.get("loadavg_end"), cfg["cores"]), "",
+         "- at end: " + bench.load_line(r.get("loadavg_end"), cfg["cores"]),
+         *(["- " + bench.other_work_line(r["other_work"])] if "other_work" in r else []), "",
          *report.md_table(*report.contender_rows(r)), ""]
     L += [f"{line}  " for line in report.best_peer_lines(r)] + [""] if r.get("ratios") else []
     if r.get("contention"):
@@ -270,7 +278,7 @@ def write_report(results: list[dict], machine: dict, args, started: str, seconds
          *([f"> **Note:** {args.note}", ""] if args.note else []),
          "```", command_line(args.argv), "```", "",
          f"Source: commit {machine['source']}; torch {machine['torch']}.", "", "## Machine", ""]
-    L += report.md_table(["", ""], machine_rows(machine, machine.get("loadavg"), load_end))
+    L += report.md_table(["", ""], machine_rows(machine, machine.get("loadavg"), load_end, results))
     cfg = results[0]["config"] if results else {}
     L += ["", *method_lines(cfg, topn), "## Summary", ""]
     if chart_path is not None:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -522,9 +526,60 @@ def test_run_all_writes_report(write_model, tmp_path):
     text = out.read_text()
     assert "## Machine" in text and "run_all.py --models" in text and "### tiny" in text
     assert "| eager |" in text and "vector ISA flags" in text and "load average at start" in text
+    assert "- other work while timing: " in text and "other work while timing (the busiest model)" in text
     assert "after idle ÷ best peer" in text and "1 times per contender" in text
     assert "## Build times" in text and "## Summary" in text
     assert not (tmp_path / "performance.png").exists()  # no bundle ratio, no chart
+
+
+SPIN = "import time\nwhile time.process_time() < 0.4: pass"
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc")
+def test_other_work_counts_the_benchmarks_processes_as_its_own(tmp_path):
+    """Ticks of this process tree: a reaped child's and a live grandchild's count; a process
+    outside the tree (double-forked, reparented) counts only in the host's busy ticks."""
+    from ascendc_pack.bench.machine import _tree_ticks, cpu_sample
+
+    hz, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+    t0 = _tree_ticks(me)
+    subprocess.run([sys.executable, "-c", SPIN], check=True)
+    assert _tree_ticks(me) - t0 >= 0.3 * hz  # the reaped child
+    shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0"; sleep 5', SPIN])
+    try:
+        deadline = time.monotonic() + 30
+        while _tree_ticks(me) - t0 < 0.6 * hz:  # the grandchild, live, under the shell
+            assert time.monotonic() < deadline, "the grandchild's ticks never showed in the tree"
+            time.sleep(0.05)
+    finally:
+        shell.kill()
+        shell.wait()
+    pid_file = tmp_path / "orphan.pid"
+    before = cpu_sample()
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" & echo $! > "{pid_file}"', SPIN], check=True)
+    orphan = Path("/proc", pid_file.read_text().strip())
+    deadline = time.monotonic() + 30
+    while orphan.exists() and (orphan / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the orphan never finished"
+        time.sleep(0.05)
+    after = cpu_sample()
+    assert after.own - before.own < 0.2 * hz  # not ours (sh's few ticks and this loop at most)
+    assert after.busy - before.busy >= 0.3 * hz
+
+
+def test_other_work_in_cores_and_the_quiet_rule():
+    from ascendc_pack.bench.machine import CpuSample, describe_other_work, other_work
+
+    hz = os.sysconf("SC_CLK_TCK")
+    start = CpuSample(wall=100.0, busy=1000, steal=10, own=500)
+    quiet = other_work(start, CpuSample(wall=110.0, busy=1000 + 15 * hz, steal=10, own=500 + 15 * hz - hz // 2))
+    assert quiet == {"cores": 0.05, "steal_cores": 0.0, "seconds": 10.0}
+    assert "quiet (< 0.1 cores)" in describe_other_work(quiet)
+    busy = other_work(start, CpuSample(wall=110.0, busy=1000 + 15 * hz, steal=10 + 2 * hz, own=500 + 14 * hz))
+    assert busy["cores"] == 0.1 and busy["steal_cores"] == 0.2
+    assert "BUSY HOST" in describe_other_work(busy)
+    assert other_work(start, None) is None and "unknown" in describe_other_work(None)
+    assert other_work(start, start) is None  # no time passed
 
 
 def test_run_all_lists_examples_and_bench_models():

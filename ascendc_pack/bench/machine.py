@@ -6,6 +6,8 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,6 +43,82 @@ def load_line(load: list[float] | None = None, cores: int | None = None) -> str:
     if load[0] > 0.5 * cores:
         text += " -- BUSY HOST: other work competes for the cores; expect noise, trust only stable rows"
     return text
+
+
+QUIET_OTHER_CORES = 0.1
+"""Other work below this many cores on average (steal included) leaves a run quiet."""
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """The host's CPU clock ticks at one moment: busy (``/proc/stat``'s user, nice, system, irq,
+    softirq), stolen by the hypervisor, and spent by this process and every descendant (live ones
+    from ``/proc``, reaped ones through the kernel's children accounting)."""
+
+    wall: float
+    busy: int
+    steal: int
+    own: int
+
+
+def cpu_sample() -> CpuSample | None:
+    """The tick counts now, or None where ``/proc`` does not give them (not Linux)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return CpuSample(time.perf_counter(), sum(fields[i] for i in (0, 1, 2, 5, 6)),
+                         fields[7] if len(fields) > 7 else 0, _tree_ticks(os.getpid()))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tree_ticks(root: int) -> int:
+    """Ticks of ``root`` and its live descendants, each with its reaped children's
+    (``/proc/<pid>/stat`` utime, stime, cutime, cstime)."""
+    stats = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:  # the command name is in parentheses and may hold spaces
+                rest = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            stats[int(entry.name)] = (int(rest[1]), sum(int(v) for v in rest[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0))[1]
+        todo += children.get(pid, [])
+    return total
+
+
+def other_work(start: CpuSample | None, end: CpuSample | None) -> dict | None:
+    """What work outside this process tree took between two samples, in cores on average:
+    ``{"cores": ..., "steal_cores": ..., "seconds": ...}`` (None without both samples). The
+    load average cannot tell this: on a small host the benchmark's own processes are most of it."""
+    if start is None or end is None or end.wall <= start.wall:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    seconds = end.wall - start.wall
+    other = max(0, (end.busy - start.busy) - (end.own - start.own))
+    return {"cores": round(other / hz / seconds, 3), "steal_cores": round((end.steal - start.steal) / hz / seconds, 3),
+            "seconds": round(seconds, 1)}
+
+
+def other_work_line(work: dict | None) -> str:
+    """One report line for :func:`other_work`'s result."""
+    return "other work while timing: " + describe_other_work(work)
+
+
+def describe_other_work(work: dict | None) -> str:
+    """:func:`other_work`'s result in words, QUIET or BUSY by :data:`QUIET_OTHER_CORES`."""
+    if not work:
+        return "unknown (no /proc on this OS)"
+    busy = work["cores"] + work["steal_cores"] >= QUIET_OTHER_CORES
+    return (f"{work['cores']:.2f} cores + {work['steal_cores']:.2f} stolen by the hypervisor, on average over "
+            f"{work['seconds']:.0f} s -- " + ("BUSY HOST: expect noise, trust only stable rows" if busy else
+                                             f"quiet (< {QUIET_OTHER_CORES:g} cores)"))
 
 
 def machine_info() -> dict:

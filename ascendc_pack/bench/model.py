@@ -33,7 +33,7 @@ from ascendc_pack.bench import extras
 from ascendc_pack.bench.contention import Spinner, slowdowns
 from ascendc_pack.bench.contenders import BUNDLES, BY_ID, DEFAULT_CONTENDERS, MODEL_CONTENDERS, NATIVE, PEERS, label
 from ascendc_pack.bench.kernels import model_kernel_rows
-from ascendc_pack.bench.machine import host_cores, loadavg
+from ascendc_pack.bench.machine import cpu_sample, host_cores, loadavg, other_work
 from ascendc_pack.bench.stats import calls_per_sample, latency_stats, paired_ratio, rotated
 from ascendc_pack.bench.workers import Local, Worker, WorkerError, cold_start
 
@@ -98,8 +98,9 @@ def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold
     ``failed`` with the reason, latency statistics with spread, build seconds and stages, artifact
     size, the check against eager), ``ratios`` (bundle ÷ each peer, paired by round),
     ``best_peer``, ``contention``, ``after_idle`` (the first call after :data:`IDLE_S` of idle,
-    ``idle_bursts`` times per contender; 0 skips it), ``cold_start``, ``kernels``, ``config`` and
-    the load average.
+    ``idle_bursts`` times per contender; 0 skips it), ``cold_start``, ``kernels``, ``config``, the
+    load average and ``other_work`` (the cores work outside the benchmark took during the timed
+    rounds, :func:`~ascendc_pack.bench.machine.other_work`).
     A contender that fails is reported with its reason; nothing here raises for it.
 
     Raises:
@@ -146,7 +147,9 @@ def bench_model(model_file: str | Path, *, topn: int = 4, repeat: int = 20, cold
                 with spinner or contextlib.nullcontext():
                     if spinner is not None:
                         result["contention"] = {"busy": spinner.describe()}
+                    before = cpu_sample()
                     rounds = _time_rounds(run, workers, repeat, sample_ms, spinner)
+                    result["other_work"] = other_work(before, cpu_sample())
                 _summarize(run, result, rounds, _after_idle(run, workers, idle_bursts))
             for worker in workers.values():
                 worker.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ascendc_pack.bench.contenders import BUNDLES, label
 from ascendc_pack.bench.kernels import fmt_gbs
-from ascendc_pack.bench.machine import load_line
+from ascendc_pack.bench.machine import load_line, other_work_line
 from ascendc_pack.bench.stats import UNSTABLE_REL_IQR
 
 #: build stages in pipeline order (graph_compile is part of bundle)
@@ -213,7 +213,8 @@ def md_table(head: list[str], rows: list[list[str]], text_last: bool = True) -> 
 
 
 def header_lines(result: dict) -> list[str]:
-    """Model, protocol and the load average at start and end of the run."""
+    """Model, protocol, the load average at start and end of the run and the other work while
+    it timed."""
     cfg = result["config"]
     mode = "all contenders in one process" if cfg["same_process"] else "one process per contender"
     lines = [f"model {result['model']}  inputs {', '.join(result.get('inputs', []))}",
@@ -225,6 +226,8 @@ def header_lines(result: dict) -> list[str]:
     lines.append("at start: " + load_line(result.get("loadavg_start"), cfg["cores"]))
     if result.get("loadavg_end"):
         lines.append("at end:   " + load_line(result["loadavg_end"], cfg["cores"]))
+    if "other_work" in result:
+        lines.append(other_work_line(result["other_work"]))
     return lines
 
 
