@@ -159,6 +159,10 @@ def method_lines(cfg: dict, topn: int) -> list[str]:
                 "Every contender runs in its own worker process, so ONNX Runtime's thread pool, Inductor's and "
                 "libgomp's threads and the allocator state of one contender cannot slow another (docs/DESIGN.md §8). "
                 "Only one worker runs at a time; the others block on a pipe."),
+        "- Quiet or busy: per model, the cores that work outside the benchmark took while it timed (the host's "
+        "busy ticks in `/proc/stat` less those of the benchmark's own process tree, plus the hypervisor's "
+        f"steal); under {bench.QUIET_OTHER_CORES:g} cores on average the model's timing was quiet. The load "
+        "average is shown too, but on a small host the benchmark's own workers are most of it.",
         f"- {cfg.get('repeat')} interleaved rounds (order rotated each round, 20 ms pause between samples). A "
         f"sample is {cfg.get('lead_in_ms', 0):.0f} ms of untimed calls (the lead-in: a worker that sat idle while "
         "the others ran is timed in its steady state, docs/DESIGN.md §8), "
@@ -241,8 +245,8 @@ def model_section(r: dict, topn: int) -> list[str]:
     rel = os.path.relpath(r["model"], ROOT)
     cfg = r["config"]
     L = [f"### {r['name']}", "", f"`{rel}`, inputs {', '.join(r.get('inputs', []))}; {r.get('seconds', 0):.0f} s.", "",
-         "- at start: " + bench.load_line(r.get("loadavg_start"), cfg["cores"]),
-         "- at end: " + bench.load_line(r.get("loadavg_end"), cfg["cores"]),
+         *[f"- at {when}: " + bench.load_line(r.get(f"loadavg_{when}"), cfg["cores"], "other_work" not in r)
+           for when in ("start", "end")],
          *(["- " + bench.other_work_line(r["other_work"])] if "other_work" in r else []), "",
          *report.md_table(*report.contender_rows(r)), ""]
     L += [f"{line}  " for line in report.best_peer_lines(r)] + [""] if r.get("ratios") else []

@@ -215,6 +215,11 @@ def test_best_peer_ratio_and_unstable_rows(tmp_path):
     assert "ok, UNSTABLE (spread" in text
     assert "load average 10.40" in text and "BUSY HOST" in text
     assert "0.67 [0.20-0.67] unstable" in text  # the ratio against the noisy contender says so
+    # with the other work measured, that line judges the host, not the load average
+    result["other_work"] = {"cores": 0.01, "steal_cores": 0.0, "seconds": 9.0}
+    text = bench.format_report(result)
+    assert "load average 10.40" in text and "(this benchmark's processes included)" in text
+    assert "BUSY HOST" not in text and "other work while timing: 0.01 cores" in text and "quiet" in text
 
 
 def test_after_idle_is_its_own_column_and_ratio(tmp_path):

@@ -31,15 +31,18 @@ def loadavg() -> list[float] | None:
         return None
 
 
-def load_line(load: list[float] | None = None, cores: int | None = None) -> str:
-    """One line for every report header: the load average against the usable cores, and a
-    warning when other work competes for them (then multi-threaded contenders wait at their
-    barriers and the numbers mean little)."""
+def load_line(load: list[float] | None = None, cores: int | None = None, verdict: bool = True) -> str:
+    """One line for every report header: the load average against the usable cores, and with
+    ``verdict`` a warning when it is high (then multi-threaded contenders wait at their barriers
+    and the numbers mean little). Where :func:`other_work` was measured, pass ``verdict=False``:
+    the load average counts the benchmark's own processes, the other-work line does not."""
     load = loadavg() if load is None else load
     cores = host_cores() if cores is None else cores
     if load is None:
         return f"load average: unavailable on this OS; {cores} usable cores"
     text = f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min) on {cores} usable cores"
+    if not verdict:
+        return text + " (this benchmark's processes included)"
     if load[0] > 0.5 * cores:
         text += " -- BUSY HOST: other work competes for the cores; expect noise, trust only stable rows"
     return text

@@ -223,10 +223,11 @@ def header_lines(result: dict) -> list[str]:
              f"{cfg.get('lead_in_ms', 0):.0f} ms of untimed calls; median/p90 over all "
              f"timed calls; spread = IQR / median of the per-round medians (unstable above "
              f"{fmt_pct(UNSTABLE_REL_IQR)}); ratios paired by round, median [IQR]"]
-    lines.append("at start: " + load_line(result.get("loadavg_start"), cfg["cores"]))
+    judged = "other_work" not in result  # else the other-work line judges the host
+    lines.append("at start: " + load_line(result.get("loadavg_start"), cfg["cores"], judged))
     if result.get("loadavg_end"):
-        lines.append("at end:   " + load_line(result["loadavg_end"], cfg["cores"]))
-    if "other_work" in result:
+        lines.append("at end:   " + load_line(result["loadavg_end"], cfg["cores"], judged))
+    if not judged:
         lines.append(other_work_line(result["other_work"]))
     return lines
 
