@@ -407,3 +407,56 @@ def test_a_widen_move_narrow_round_trip_is_cancelled_bit_exactly():
     u = torch.randn(4, 12).to(torch.bfloat16)
     want, got = run_program(p, [u]), run_program(q, [u])
     assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(want, got))
+
+
+class GeluMlp(torch.nn.Module):
+    """A GEMM with a GELU epilogue (its own fused kernel when a library computes the GEMM) and one
+    with only its bias (no epilogue pass)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@needs_bf16
+@needs_onednn_bf16
+def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monkeypatch):
+    """PGO times oneDNN's bfloat16 GEMM by its core, then (where the step has a pointwise
+    epilogue) the epilogue's fused kernel, which the lowered step runs as a pass of its own; a
+    generated kernel fuses it and a bias-only step has no such pass."""
+    import ascendc_pack.tactics.tune as tune
+    from ascendc_pack.kernels.fused.build import FusedKernel
+
+    wrapped, in_tail, tail_launches = [], [], []
+    then, launch = tune._then, FusedKernel.__call__
+
+    def tail(second):
+        in_tail.append(1)
+        try:
+            second()
+        finally:
+            in_tail.pop()
+
+    def recording_then(first, second):
+        wrapped.append(first)
+        return then(first, lambda: tail(second))
+
+    def counting_launch(self, *args, **kwargs):
+        if in_tail:
+            tail_launches.append(self)
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(tune, "_then", recording_then)
+    monkeypatch.setattr(FusedKernel, "__call__", counting_launch)
+    torch.manual_seed(0)
+    x = torch.randn(64, 256)
+    res = build(GeluMlp().eval(), (x,), topn=2, output=tmp_path / "m.ascpack", cache_dir=tmp_path / "cache", jobs=2,
+                protocol=FAST, precision="bf16")
+    names = {ch.name.split("_")[1]: [t.name for t in ch.candidates] for ch in res.tactics.values()}
+    assert "onednn_bf16" in names["m64k256n512"] and "onednn_bf16" in names["m64k512n256"]
+    assert len(wrapped) == 1 and tail_launches   # up's oneDNN candidate only (down's bias needs no pass), timed
+    # with the GELU's fused kernel
+    assert all(c.ok for c in res.verification)
