@@ -1,4 +1,5 @@
-"""The host a benchmark ran on: cores, load, CPU description, tool versions."""
+"""The host a benchmark ran on: cores, load, the other work while it timed, CPU description, tool
+versions."""
 
 from __future__ import annotations
 
