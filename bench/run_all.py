@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 from ascendc_pack import bench  # noqa: E402
 from ascendc_pack.bench import report  # noqa: E402
 from ascendc_pack.bench.extras import require_chart  # noqa: E402
-from ascendc_pack.bench.machine import describe_other_work  # noqa: E402
 from ascendc_pack.errors import PackError  # noqa: E402
 
 MODELS = {**{name: ROOT / "examples" / f"{name}.py" for name in bench.EXAMPLES},
@@ -129,7 +128,7 @@ def machine_rows(machine: dict, load_start, load_end, results: list[dict]) -> li
             ["g++", str(machine.get("g++"))],
             ["load average at start (1/5/15 min)", " ".join(f"{v:.2f}" for v in load_start) if load_start else "?"],
             ["load average at end (1/5/15 min)", " ".join(f"{v:.2f}" for v in load_end) if load_end else "?"],
-            ["other work while timing (the busiest model)", describe_other_work(busiest)]]
+            ["other work while timing (the busiest model)", bench.describe_other_work(busiest)]]
 
 
 def method_lines(cfg: dict, topn: int) -> list[str]:

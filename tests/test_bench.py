@@ -583,7 +583,7 @@ def test_other_work_in_cores_and_the_quiet_rule():
     busy = other_work(start, CpuSample(wall=110.0, busy=1000 + 15 * hz, steal=10 + 2 * hz, own=500 + 14 * hz))
     assert busy["cores"] == 0.1 and busy["steal_cores"] == 0.2
     assert "BUSY HOST" in describe_other_work(busy)
-    assert other_work(start, None) is None and "unknown" in describe_other_work(None)
+    assert other_work(start, None) is None and "not measured" in describe_other_work(None)
     assert other_work(start, start) is None  # no time passed
 
 

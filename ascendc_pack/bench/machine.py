@@ -118,7 +118,7 @@ def other_work_line(work: dict | None) -> str:
 def describe_other_work(work: dict | None) -> str:
     """:func:`other_work`'s result in words, QUIET or BUSY by :data:`QUIET_OTHER_CORES`."""
     if not work:
-        return "unknown (no /proc on this OS)"
+        return "not measured (no timed rounds, or no /proc on this OS)"
     busy = work["cores"] + work["steal_cores"] >= QUIET_OTHER_CORES
     return (f"{work['cores']:.2f} cores + {work['steal_cores']:.2f} stolen by the hypervisor, on average over "
             f"{work['seconds']:.0f} s -- " + ("BUSY HOST: expect noise, trust only stable rows" if busy else
