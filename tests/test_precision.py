@@ -427,11 +427,11 @@ def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monk
     """PGO times oneDNN's bfloat16 GEMM by its core, then (where the step has a pointwise
     epilogue) the epilogue's fused kernel, which the lowered step runs as a pass of its own; a
     generated kernel fuses it and a bias-only step has no such pass."""
-    import ascendc_pack.tactics.tune as tune
+    import ascendc_pack.tactics.epilogue_timing as timing
     from ascendc_pack.kernels.fused.build import FusedKernel
 
     wrapped, in_tail, tail_launches = [], [], []
-    then, launch = tune._then, FusedKernel.__call__
+    then, launch = timing.then, FusedKernel.__call__
 
     def tail(second):
         in_tail.append(1)
@@ -449,7 +449,7 @@ def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monk
             tail_launches.append(self)
         return launch(self, *args, **kwargs)
 
-    monkeypatch.setattr(tune, "_then", recording_then)
+    monkeypatch.setattr(timing, "then", recording_then)
     monkeypatch.setattr(FusedKernel, "__call__", counting_launch)
     torch.manual_seed(0)
     x = torch.randn(64, 256)

@@ -52,13 +52,14 @@ import torch
 from ascendc_pack_runtime.accuracy import check_tensor
 
 import ascendc_pack.tactics.dispatch as T
+import ascendc_pack.tactics.epilogue_timing as E
 from ascendc_pack.autotune.protocol import AutotuneError, CandidateFailed, Protocol, contention_clock, select
 from ascendc_pack.cache import KernelDir, atomic_write_text, stable_hash
 from ascendc_pack.ir.choice import MeasurementQuality
 from ascendc_pack.config import BuildConfig, host_cores
 from ascendc_pack.frontend.executor import run_aten, run_model, run_program, run_reference_tactic
 from ascendc_pack.kernels.target import host_fingerprint
-from ascendc_pack.ir.program import CondStep, FusedStep, ModelProgram, Program, TacticStep, TensorSpec
+from ascendc_pack.ir.program import CondStep, ModelProgram, Program, TacticStep, TensorSpec
 from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.families.base import compile_kernel_tactics, plan_kernel_tactics, planned_total
 from ascendc_pack.tactics.calibrate import activation_ranges
@@ -77,7 +78,7 @@ log = logging.getLogger("ascendc_pack")
 
 TACTIC_TUNING_VERSION = 3
 """2: generated kernels are timed on the graph's task pool (``timing_pool``), not OpenMP; 3: a
-low-precision library candidate is timed with its epilogue's fused kernels (``_epilogue_tail``)."""
+low-precision library candidate is timed with its epilogue's fused kernels (:mod:`.epilogue_timing`)."""
 TACTIC_CACHE_SUBDIR = "tactics"
 CL = torch.channels_last
 
@@ -135,7 +136,7 @@ class TacticTuner:
             if gemm else {}
         tuned = [s for s in firsts.values() if config.topn > 1 and
                  (len(self.choices[s.name].candidates) > 1 or s.tactic_kind == "linear" or s.name in self._kernel_plans)]
-        self._epilogues = {s.name: _epilogue_program(s, self.programs[id(s)].values)
+        self._epilogues = {s.name: E.epilogue_program(s, self.programs[id(s)].values)
                            for s in tuned if compile_epilogue} if tuned else {}
         self._kernels: dict = {}
 
@@ -293,9 +294,10 @@ class TacticTuner:
             c = ch.captured
             if ch.results[c].ok and self.compile_epilogue:
                 runners[c] = self._captured_runner(step, env) or runners[c]
-            tail = self._epilogue_tail(step, env) if any(map(_core_timed, ch.candidates)) else None
+            tail = E.epilogue_tail(step, self._epilogues.get(step.name), self._kernels, env) \
+                if self.compile_epilogue and any(map(E.core_timed, ch.candidates)) else None
             if tail is not None:  # a low-precision library core pays its epilogue's pass like the kernels
-                runners = [_then(r, tail) if r is not None and _core_timed(t) else r
+                runners = [E.then(r, tail) if r is not None and E.core_timed(t) else r
                            for r, t in zip(runners, ch.candidates)]
             errors = [r.error for r in ch.results]
             try:
@@ -378,31 +380,6 @@ class TacticTuner:
             return None
         args = [env[n] for n in fused.inputs]
         return lambda: run_program(fused, args, run_fused=lambda s, a: self._kernels[s.name](a))
-
-    def _epilogue_tail(self, step: TacticStep, env: dict):
-        """The fused kernels of candidate 0's epilogue (:func:`_epilogue_program`) on their inputs,
-        computed once here; None without such kernels (or when they did not compile). A
-        low-precision library candidate is timed as its core (:func:`~ascendc_pack.tactics.lower_casts.core`)
-        followed by these: lowered, its conversion back and its epilogue become a fused kernel of
-        their own, a pass over the output that the generated kernels do in their epilogue (vit_s16's
-        bfloat16 fc1 + GELU: oneDNN's core alone timed 145-165 µs against the AMX kernel's 180 with the
-        GELU, and the bundle with oneDNN there ran 1.18x slower a call)."""
-        if step.tactic_kind not in EPILOGUE_KINDS:
-            return None
-        fused = self._epilogues.get(step.name) if self.compile_epilogue else None
-        kernels = fused.fused_steps() if fused is not None else []
-        if not kernels or not all(f.name in self._kernels for f in kernels):
-            return None
-        vals, calls = {n: env[n] for n in fused.inputs}, []
-        with torch.no_grad():
-            for s in fused.steps:
-                if isinstance(s, FusedStep):
-                    args = [vals[n] for n in s.inputs]
-                    vals.update(zip(s.outputs, self._kernels[s.name](args)))
-                    calls.append((self._kernels[s.name], args))
-                else:
-                    run_aten(s, vals)
-        return lambda: [kernel(args) for kernel, args in calls]
 
     # the cache ----------------------------------------------------------------------------------
     def _load_cached(self, ch: TacticChoice) -> None:
@@ -507,33 +484,6 @@ def _target(config: BuildConfig):
     from ascendc_pack.kernels.target import CpuTarget
 
     return CpuTarget.detect(config.effective_cores, config.march, cache_dir=config.cache_dir)
-
-
-EPILOGUE_KINDS = ("linear", "conv")
-"""Steps whose candidate-0 program is the heavy op then its pointwise epilogue (an attention
-step's is the whole unfused attention: no tail of its own)."""
-
-
-def _core_timed(t) -> bool:
-    """A library (dispatcher) candidate that PGO times by its low-precision core alone."""
-    return t.family == registry.DISPATCH and core(t) is not None
-
-
-def _then(first, second):
-    """``first()`` then ``second()``, returning ``first``'s result (one timed runner)."""
-    def run():
-        out = first()
-        second()
-        return out
-
-    return run
-
-
-def _epilogue_program(step: TacticStep, values: dict) -> Program:
-    """The step's ATen steps with their pointwise tail fused (what the fuser makes of them)."""
-    from ascendc_pack.passes.fuse import fuse_program
-
-    return fuse_program(Program(step.reference_inputs(), list(step.steps), list(step.outputs), values))
 
 
 def _index(p: Program, programs: dict, instances: list) -> None:

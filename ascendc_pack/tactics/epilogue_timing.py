@@ -1,0 +1,70 @@
+"""How PGO times a tactic step's epilogue as the graph will run it (used by :mod:`.tune`).
+
+Candidate 0 (the heavy op as captured) runs its pointwise epilogue as the fused kernels the fuser
+makes of it (:func:`epilogue_program`). A low-precision library candidate (oneDNN's bfloat16 GEMM)
+keeps only its core when lowered (:func:`~ascendc_pack.tactics.lower_casts.core`): its conversion
+back and its epilogue (GELU, a residual add, a BatchNorm) become a fused kernel of their own, a pass
+over the output that the generated kernels do in their epilogue. So PGO times such a core followed
+by candidate 0's epilogue kernels (:func:`epilogue_tail`). vit_s16's bfloat16 fc1 + GELU: oneDNN's
+core alone timed 145-165 µs against the AMX kernel's 180 with the GELU, some builds took oneDNN,
+and that bundle ran 9.65 ms a call against 7.70 for the all-AMX one. The kernels are candidate 0's
+tiling (the fused cost model's first; single-threaded for that GELU: 264 µs, ~125 tuned in the
+graph), so the tail errs against the library candidate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ascendc_pack.frontend.executor import run_aten
+from ascendc_pack.ir.program import FusedStep, Program, TacticStep
+from ascendc_pack.tactics.families import registry
+from ascendc_pack.tactics.lower_casts import core
+
+EPILOGUE_KINDS = ("linear", "conv")
+"""Steps whose candidate-0 program is the heavy op then its pointwise epilogue (an attention
+step's is the whole unfused attention: no tail of its own)."""
+
+
+def epilogue_program(step: TacticStep, values: dict) -> Program:
+    """The step's ATen steps with their pointwise tail fused (what the fuser makes of them)."""
+    from ascendc_pack.passes.fuse import fuse_program
+
+    return fuse_program(Program(step.reference_inputs(), list(step.steps), list(step.outputs), values))
+
+
+def core_timed(t) -> bool:
+    """A library (dispatcher) candidate that PGO times by its low-precision core."""
+    return t.family == registry.DISPATCH and core(t) is not None
+
+
+def epilogue_tail(step: TacticStep, fused: Program | None, kernels: dict, env: dict):
+    """A runner of ``fused``'s (the step's :func:`epilogue_program`) fused kernels on their inputs,
+    computed once here from ``env``; None for a step of another kind, without such kernels, or when
+    one is missing from ``kernels`` (by step name: it did not compile)."""
+    steps = fused.fused_steps() if fused is not None and step.tactic_kind in EPILOGUE_KINDS else []
+    if not steps or not all(f.name in kernels for f in steps):
+        return None
+    vals, calls = {n: env[n] for n in fused.inputs}, []
+    with torch.no_grad():
+        for s in fused.steps:
+            if isinstance(s, FusedStep):
+                args = [vals[n] for n in s.inputs]
+                vals.update(zip(s.outputs, kernels[s.name](args)))
+                calls.append((kernels[s.name], args))
+            else:
+                run_aten(s, vals)
+    return lambda: [kernel(args) for kernel, args in calls]
+
+
+def then(first, second):
+    """``first()`` then ``second()``, returning ``first``'s result (one timed runner)."""
+    def run():
+        out = first()
+        second()
+        return out
+
+    return run
+
+
+__all__ = ["EPILOGUE_KINDS", "core_timed", "epilogue_program", "epilogue_tail", "then"]
