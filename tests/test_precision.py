@@ -23,6 +23,7 @@ from ascendc_pack.errors import ConfigError
 from ascendc_pack.pipeline import build
 from ascendc_pack.tactics import precision as P
 from ascendc_pack.tactics.dispatch.gemm import onednn_supports
+from ascendc_pack.tactics.dispatch.int8 import int8_offered
 from ascendc_pack.tactics.dispatch.lowp import (STEP_TOLERANCE, bf16_feature, bf16_offered, low_precision_tactics,
                                                 precision_of)
 from ascendc_pack_runtime import manifest as contract
@@ -426,7 +427,8 @@ class GeluMlp(torch.nn.Module):
 def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monkeypatch):
     """PGO times oneDNN's bfloat16 GEMM by its core, then (where the step has a pointwise
     epilogue) the epilogue's fused kernel, which the lowered step runs as a pass of its own; a
-    generated kernel fuses it and a bias-only step has no such pass."""
+    generated kernel fuses it, a bias-only step has no such pass, and an int8 candidate is timed
+    by its core alone."""
     import ascendc_pack.tactics.epilogue_timing as timing
     from ascendc_pack.kernels.fused.build import FusedKernel
 
@@ -460,3 +462,8 @@ def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monk
     assert len(wrapped) == 1 and tail_launches   # up's oneDNN candidate only (down's bias needs no pass), timed
     # with the GELU's fused kernel
     assert all(c.ok for c in res.verification)
+    if int8_offered() is None:  # an int8 step quantizes its input in a pass the producer's epilogue joins
+        wrapped.clear()
+        res = build(GeluMlp().eval(), (x,), topn=2, output=tmp_path / "i8.ascpack", cache_dir=tmp_path / "cache",
+                    jobs=2, protocol=FAST, precision="int8", accuracy_budget=0.05)
+        assert any(t.name == "onednn_int8" for ch in res.tactics.values() for t in ch.candidates) and not wrapped

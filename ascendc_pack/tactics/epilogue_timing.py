@@ -1,15 +1,15 @@
 """How PGO times a tactic step's epilogue as the graph will run it (used by :mod:`.tune`).
 
 Candidate 0 (the heavy op as captured) runs its pointwise epilogue as the fused kernels the fuser
-makes of it (:func:`epilogue_program`). A low-precision library candidate (oneDNN's bfloat16 GEMM)
-keeps only its core when lowered (:func:`~ascendc_pack.tactics.lower_casts.core`): its conversion
-back and its epilogue (GELU, a residual add, a BatchNorm) become a fused kernel of their own, a pass
-over the output that the generated kernels do in their epilogue. So PGO times such a core followed
-by candidate 0's epilogue kernels (:func:`epilogue_tail`). vit_s16's bfloat16 fc1 + GELU: oneDNN's
-core alone timed 145-165 µs against the AMX kernel's 180 with the GELU, some builds took oneDNN,
-and that bundle ran 9.65 ms a call against 7.70 for the all-AMX one. The kernels are candidate 0's
-tiling (the fused cost model's first; single-threaded for that GELU: 264 µs, ~125 tuned in the
-graph), so the tail errs against the library candidate.
+makes of it (:func:`epilogue_program`). A bfloat16 library candidate (oneDNN's GEMM) keeps only its
+core when lowered (:func:`~ascendc_pack.tactics.lower_casts.core`): its conversion back and its
+epilogue (GELU, a residual add, a BatchNorm) become a fused kernel of their own, a pass over the
+output that the generated (AMX) kernels do in their epilogue. So PGO times such a core followed by
+candidate 0's epilogue kernels (:func:`epilogue_tail`; :func:`core_timed` says which candidates).
+vit_s16's bfloat16 fc1 + GELU: oneDNN's core alone timed 145-165 µs against the AMX kernel's 180
+with the GELU, some builds took oneDNN, and that bundle ran 9.65 ms a call against 7.70 for the
+all-AMX one. The kernels are candidate 0's tiling (the fused cost model's first; single-threaded
+for that GELU: 264 µs, ~125 tuned in the graph), so the tail errs against the library candidate.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ def epilogue_program(step: TacticStep, values: dict) -> Program:
 
 
 def core_timed(t) -> bool:
-    """A library (dispatcher) candidate that PGO times by its low-precision core."""
-    return t.family == registry.DISPATCH and core(t) is not None
+    """A bfloat16 library (dispatcher) candidate that PGO times by its core. Not an int8 one: each
+    int8 step quantizes its input in a pass of its own, which an int8 producer's epilogue joins
+    (timed with the tail, bert_4l's int8 bundle took float32 GEMMs for its fc1 and ran 0.63x ONNX
+    Runtime int8 instead of 0.51x)."""
+    return t.family == registry.DISPATCH and t.param("precision", "fp32") == "bf16" and core(t) is not None
 
 
 def epilogue_tail(step: TacticStep, fused: Program | None, kernels: dict, env: dict):

@@ -78,7 +78,7 @@ log = logging.getLogger("ascendc_pack")
 
 TACTIC_TUNING_VERSION = 3
 """2: generated kernels are timed on the graph's task pool (``timing_pool``), not OpenMP; 3: a
-low-precision library candidate is timed with its epilogue's fused kernels (:mod:`.epilogue_timing`)."""
+bfloat16 library candidate is timed with its epilogue's fused kernels (:mod:`.epilogue_timing`)."""
 TACTIC_CACHE_SUBDIR = "tactics"
 CL = torch.channels_last
 
