@@ -295,7 +295,7 @@ class TacticTuner:
             if ch.results[c].ok and self.compile_epilogue:
                 runners[c] = self._captured_runner(step, env) or runners[c]
             tail = E.epilogue_tail(step, self._epilogues.get(step.name), self._kernels, env) \
-                if self.compile_epilogue and any(map(E.core_timed, ch.candidates)) else None
+                if any(map(E.core_timed, ch.candidates)) else None  # no epilogue programs: None
             if tail is not None:  # a bfloat16 library core pays its epilogue's pass like the kernels
                 runners = [E.then(r, tail) if r is not None and E.core_timed(t) else r
                            for r, t in zip(runners, ch.candidates)]
