@@ -35,13 +35,14 @@ using ascendc_pack::TaskPool;
 
 struct Job {
   std::vector<std::atomic<int>> runs;
+  std::vector<std::atomic<int>> by;  // the worker that ran each task
   std::atomic<int> busy[64];
   std::atomic<int> by_worker{0};  // tasks a worker (not the caller) ran
   std::atomic<int> errors{0};
   int threads;
   int spin_us;
   uint64_t mode = ascendc_pack::fp_mode() & ascendc_pack::kFpControlBits;  // the caller's
-  explicit Job(int64_t n, int t, int spin) : runs(n), threads(t), spin_us(spin) {
+  explicit Job(int64_t n, int t, int spin) : runs(n), by(n), threads(t), spin_us(spin) {
     for (auto& b : busy) b = 0;
   }
 };
@@ -51,6 +52,7 @@ static void task(void* ctx, int64_t t, int32_t w) {
   if (w < 0 || w >= j.threads || j.busy[w].exchange(1)) ++j.errors;  // id out of range or shared
   if ((ascendc_pack::fp_mode() & ascendc_pack::kFpControlBits) != j.mode) ++j.errors;  // not the caller's mode
   j.runs[t].fetch_add(1);
+  j.by[t] = w;
   if (w != 0) ++j.by_worker;
   if (j.spin_us) {
     auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(j.spin_us);
@@ -59,6 +61,19 @@ static void task(void* ctx, int64_t t, int32_t w) {
   }
   if (w >= 0 && w < j.threads) j.busy[w] = 0;
 }
+
+// 1 when a 2-thread job's caller ran a task after (in task order) one its worker ran: with
+// locality the caller claims from the front and the worker from the back
+static int out_of_order(const Job& j) {
+  int64_t last_caller = -1, first_worker = int64_t(j.by.size());
+  for (int64_t t = 0; t < int64_t(j.by.size()); ++t) {
+    if (j.by[t].load() == 0) last_caller = t;
+    else if (first_worker == int64_t(j.by.size())) first_worker = t;
+  }
+  return j.threads == 2 && last_caller > first_worker;
+}
+
+static long unordered = 0;  // 2-thread jobs out of order (see out_of_order)
 
 // runs `jobs` random jobs; returns the number of failed checks, adds the tasks workers ran
 static int run_jobs(TaskPool& pool, int jobs, unsigned seed, long* by_workers) {
@@ -72,6 +87,7 @@ static int run_jobs(TaskPool& pool, int jobs, unsigned seed, long* by_workers) {
     pool.abi()->run(pool.abi(), n, threads, task, &j);
     for (auto& r : j.runs) bad += r.load() != 1;
     bad += j.errors.load();
+    unordered += out_of_order(j);
     *by_workers += j.by_worker.load();
   }
   return bad;
@@ -81,6 +97,16 @@ int main() {
   TaskPool& pool = TaskPool::instance();
   long by_workers = 0;
   int bad = run_jobs(pool, 3000, 1, &by_workers);
+  // a job of more tasks than the pool's claims (2^20 - 1): claimed in contiguous runs
+  {
+    Job big((int64_t(1) << 20) + 12345, 2, 0);
+    pool.abi()->run(pool.abi(), int64_t(big.runs.size()), 2, task, &big);
+    for (auto& r : big.runs) bad += r.load() != 1;
+    bad += big.errors.load();
+    unordered += out_of_order(big);
+    by_workers += big.by_worker.load();
+  }
+  const long main_unordered = unordered;
   // two callers at once: one gets the pool, the other runs its jobs on its own thread
   long other_workers = 0;
   int other_bad = 0;
@@ -98,8 +124,8 @@ int main() {
   int status = 0;
   waitpid(pid, &status, 0);
   int child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  std::printf("{\"bad\": %d, \"by_workers\": %ld, \"child_ok\": %d, \"spin_us\": %lld}\n", bad,
-              by_workers + other_workers, child_ok, static_cast<long long>(TaskPool::spin_us()));
+  std::printf("{\"bad\": %d, \"by_workers\": %ld, \"child_ok\": %d, \"spin_us\": %lld, \"unordered\": %ld}\n",
+              bad, by_workers + other_workers, child_ok, static_cast<long long>(TaskPool::spin_us()), main_unordered);
   return 0;
 }
 """
@@ -134,3 +160,18 @@ def test_every_task_runs_once_on_distinct_workers(driver, spin, expected):
     assert res["bad"] == 0  # every task once, worker ids in range and never shared at once
     assert res["by_workers"] > 0  # the workers took tasks, not only the caller
     assert res["child_ok"] == 1  # after fork(): every task on the calling thread
+    assert res["unordered"] == 0  # 2-thread jobs: the caller's tasks before its worker's
+
+
+def test_workers_claim_from_the_back_unless_locality_is_off(driver):
+    """The caller claims a job's tasks from the front and the workers from the back, so each
+    core of a 2-thread call gets about the same part of every tensor kernel after kernel;
+    ``ASCENDC_PACK_POOL_LOCALITY=0`` claims from the front only, and the order interleaves."""
+    import json
+    import os
+
+    env = {**os.environ, "ASCENDC_PACK_POOL_LOCALITY": "0"}
+    res = json.loads(subprocess.run([str(driver)], check=True, capture_output=True, text=True, timeout=300,
+                                    env=env).stdout)
+    assert res["bad"] == 0 and res["child_ok"] == 1
+    assert res["unordered"] > 0  # one counter: a worker's task often comes before a later caller's
