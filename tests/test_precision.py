@@ -425,10 +425,10 @@ class GeluMlp(torch.nn.Module):
 @needs_bf16
 @needs_onednn_bf16
 def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monkeypatch):
-    """PGO times oneDNN's bfloat16 GEMM by its core, then (where the step has a pointwise
-    epilogue) the epilogue's fused kernel, which the lowered step runs as a pass of its own; a
-    generated kernel fuses it, a bias-only step has no such pass, and an int8 candidate is timed
-    by its core alone."""
+    """PGO times oneDNN's bfloat16 GEMM by its core, then the epilogue's fused kernel (where the
+    step has a pointwise epilogue) or the conversion of its output back to float32 (a bias-only
+    step), which the lowered step runs as a pass of its own; a generated kernel fuses it, and an
+    int8 candidate is timed by its core alone."""
     import ascendc_pack.tactics.epilogue_timing as timing
     from ascendc_pack.kernels.fused.build import FusedKernel
 
@@ -451,7 +451,14 @@ def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monk
             tail_launches.append(self)
         return launch(self, *args, **kwargs)
 
+    cast_shapes, cast_back = [], timing.cast_back
+
+    def recording_cast_back(out):
+        cast_shapes.append(tuple(out.shape))
+        return cast_back(out)
+
     monkeypatch.setattr(timing, "then", recording_then)
+    monkeypatch.setattr(timing, "cast_back", recording_cast_back)
     monkeypatch.setattr(FusedKernel, "__call__", counting_launch)
     torch.manual_seed(0)
     x = torch.randn(64, 256)
@@ -459,8 +466,8 @@ def test_a_bf16_library_candidate_is_timed_with_its_epilogue_pass(tmp_path, monk
                 protocol=FAST, precision="bf16")
     names = {ch.name.split("_")[1]: [t.name for t in ch.candidates] for ch in res.tactics.values()}
     assert "onednn_bf16" in names["m64k256n512"] and "onednn_bf16" in names["m64k512n256"]
-    assert len(wrapped) == 1 and tail_launches   # up's oneDNN candidate only (down's bias needs no pass), timed
-    # with the GELU's fused kernel
+    assert len(wrapped) == 2 and tail_launches  # up's oneDNN candidate timed with the GELU's fused kernel,
+    assert cast_shapes == [(64, 256)]  # down's (bias only) with its output's conversion back
     assert all(c.ok for c in res.verification)
     if int8_offered() is None:  # an int8 step quantizes its input in a pass the producer's epilogue joins
         wrapped.clear()

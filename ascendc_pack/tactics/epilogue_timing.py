@@ -5,7 +5,8 @@ makes of it (:func:`epilogue_program`). A bfloat16 library candidate (oneDNN's G
 core when lowered (:func:`~ascendc_pack.tactics.lower_casts.core`): its conversion back and its
 epilogue (GELU, a residual add, a BatchNorm) become a fused kernel of their own, a pass over the
 output that the generated (AMX) kernels do in their epilogue. So PGO times such a core followed by
-candidate 0's epilogue kernels (:func:`epilogue_tail`; :func:`core_timed` says which candidates).
+candidate 0's epilogue kernels, or by the conversion back alone for a step without an epilogue
+(:func:`epilogue_tail`, :func:`cast_back`; :func:`core_timed` says which candidates).
 vit_s16's bfloat16 fc1 + GELU: oneDNN's core alone timed 145-165 µs against the AMX kernel's 180
 with the GELU, some builds took oneDNN, and that bundle ran 9.65 ms a call against 7.70 for the
 all-AMX one. The kernels are candidate 0's tiling (the fused cost model's first; single-threaded
@@ -41,12 +42,17 @@ def core_timed(t) -> bool:
     return t.family == registry.DISPATCH and t.param("precision", "fp32") == "bf16" and core(t) is not None
 
 
-def epilogue_tail(step: TacticStep, fused: Program | None, kernels: dict, env: dict):
+def epilogue_tail(step: TacticStep, fused: Program | None, kernels: dict, env: dict, out: torch.Tensor):
     """A runner of ``fused``'s (the step's :func:`epilogue_program`) fused kernels on their inputs,
-    computed once here from ``env``; None for a step of another kind, without such kernels, or when
-    one is missing from ``kernels`` (by step name: it did not compile)."""
-    steps = fused.fused_steps() if fused is not None and step.tactic_kind in EPILOGUE_KINDS else []
-    if not steps or not all(f.name in kernels for f in steps):
+    computed once here from ``env``; for a step without such kernels (a bias-only GEMM) a pass
+    converting a bfloat16 ``out`` (the step's output) back to float32 (:func:`cast_back`); None for a step of another
+    kind or when a kernel is missing from ``kernels`` (by step name: it did not compile)."""
+    if step.tactic_kind not in EPILOGUE_KINDS:
+        return None
+    steps = fused.fused_steps() if fused is not None else []
+    if not steps:
+        return cast_back(out)
+    if not all(f.name in kernels for f in steps):
         return None
     vals, calls = {n: env[n] for n in fused.inputs}, []
     with torch.no_grad():
@@ -60,6 +66,18 @@ def epilogue_tail(step: TacticStep, fused: Program | None, kernels: dict, env: d
     return lambda: [kernel(args) for kernel, args in calls]
 
 
+def cast_back(out: torch.Tensor):
+    """A pass converting a bfloat16 tensor of ``out``'s shape and layout to float32: what a
+    bias-only step's lowered core leaves to a fused cast kernel of its own where its consumer is
+    not a fused kernel (vit_s16's qkv feeds the attention step: oneDNN's core timed 120.6 µs
+    against the AMX kernel's 126.1, and with oneDNN on the twelve qkv steps the bfloat16 bundle ran
+    9.46 ms against 8.16: the cast took 53 µs a step). A consumer kernel that reads bfloat16 saves
+    the pass, so this errs against the library candidate, as the epilogue kernels do."""
+    src = torch.empty_like(out, dtype=torch.bfloat16)
+    dst = torch.empty_like(out)
+    return lambda: dst.copy_(src)
+
+
 def then(first, second):
     """``first()`` then ``second()``, returning ``first``'s result (one timed runner)."""
     def run():
@@ -70,4 +88,4 @@ def then(first, second):
     return run
 
 
-__all__ = ["EPILOGUE_KINDS", "core_timed", "epilogue_program", "epilogue_tail", "then"]
+__all__ = ["EPILOGUE_KINDS", "cast_back", "core_timed", "epilogue_program", "epilogue_tail", "then"]

@@ -76,9 +76,10 @@ from ascendc_pack.toolchain.cxx import package_version
 
 log = logging.getLogger("ascendc_pack")
 
-TACTIC_TUNING_VERSION = 3
+TACTIC_TUNING_VERSION = 4
 """2: generated kernels are timed on the graph's task pool (``timing_pool``), not OpenMP; 3: a
-bfloat16 library candidate is timed with its epilogue's fused kernels (:mod:`.epilogue_timing`)."""
+bfloat16 library candidate is timed with its epilogue's fused kernels (:mod:`.epilogue_timing`);
+4: one without an epilogue with the conversion of its output back to float32."""
 TACTIC_CACHE_SUBDIR = "tactics"
 CL = torch.channels_last
 
@@ -294,8 +295,8 @@ class TacticTuner:
             c = ch.captured
             if ch.results[c].ok and self.compile_epilogue:
                 runners[c] = self._captured_runner(step, env) or runners[c]
-            tail = E.epilogue_tail(step, self._epilogues.get(step.name), self._kernels, env) \
-                if any(map(E.core_timed, ch.candidates)) else None  # no epilogue programs: None
+            tail = E.epilogue_tail(step, self._epilogues.get(step.name), self._kernels, env, out) \
+                if any(map(E.core_timed, ch.candidates)) else None
             if tail is not None:  # a bfloat16 library core pays its epilogue's pass like the kernels
                 runners = [E.then(r, tail) if r is not None and E.core_timed(t) else r
                            for r, t in zip(runners, ch.candidates)]
