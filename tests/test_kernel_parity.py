@@ -540,3 +540,34 @@ def test_tensor_to_capture(kernel_cache):
 def test_case_ids_unique():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids))
+
+
+GELU_FORMS = {
+    "gelu": (lambda x: F.gelu(x), "ap_gelu("),
+    "gelu-after-layer-norm": (lambda x: F.gelu(F.layer_norm(x, (64,))), "ap_gelu("),
+    "erf-other-scale": (lambda x: x * 0.5 * (1 + torch.erf(x * 0.7)), "ap_erf("),
+    "erf-other-half": (lambda x: x * 0.4 * (1 + torch.erf(x * 0.7071067811865476)), "ap_erf("),
+    "erf-of-another-x": (lambda x: x * 0.5 * (1 + torch.erf(x.exp() * 0.7071067811865476)), "ap_erf("),
+}
+
+
+@pytest.mark.parametrize("name", list(GELU_FORMS))
+def test_the_decomposed_gelu_runs_as_ap_gelu_and_nothing_else_does(name, kernel_cache):
+    """torch's gelu, decomposed by capture into x * 0.5 * (1 + erf(x * sqrt(1/2))), is emitted
+    as kernel_math.h's ap_gelu (one exp, one division: ~1.5x cheaper); an expression that only
+    looks like it keeps its erf. Every candidate matches eager either way."""
+    from ascendc_pack.frontend.capture import capture
+    from ascendc_pack.kernels.fused.codegen import render_kernel
+    from ascendc_pack.kernels.fused.tiling import Target, propose
+    from ascendc_pack.passes.fuse import fuse
+    from tests.kernel_check import Fn
+
+    fn, wanted = GELU_FORMS[name]
+    x = randn(32, 64) * 3
+    [step] = fuse(capture(Fn(fn), (x,)).model).program.fused_steps()
+    t = propose(step.kernel, Target(cores=2), 1)[0]
+    src = render_kernel(step.kernel, t.params, "k", t.candidate.tiling_repr, t.candidate.workspace,
+                        t.candidate.block_dim, "isa")
+    assert wanted in src and ({"ap_gelu(", "ap_erf("} - {wanted}).pop() not in src
+    report = check_all_candidates(fn, [x], kernel_cache, topn=4)
+    assert not report.failures, "\n".join(map(str, report.failures[:10]))
