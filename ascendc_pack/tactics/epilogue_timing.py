@@ -45,8 +45,9 @@ def core_timed(t) -> bool:
 def epilogue_tail(step: TacticStep, fused: Program | None, kernels: dict, env: dict, out: torch.Tensor):
     """A runner of ``fused``'s (the step's :func:`epilogue_program`) fused kernels on their inputs,
     computed once here from ``env``; for a step without such kernels (a bias-only GEMM) a pass
-    converting a bfloat16 ``out`` (the step's output) back to float32 (:func:`cast_back`); None for a step of another
-    kind or when a kernel is missing from ``kernels`` (by step name: it did not compile)."""
+    converting a bfloat16 ``out`` (the step's output) back to float32 (:func:`cast_back`); None
+    for a step of another kind or when a kernel is missing from ``kernels`` (by step name: it did
+    not compile)."""
     if step.tactic_kind not in EPILOGUE_KINDS:
         return None
     steps = fused.fused_steps() if fused is not None else []

@@ -3,14 +3,16 @@
 // One pool per graph library, started on the first job that wants more than one thread. A job
 // is `ntasks` tasks; the caller publishes it, wakes the sleeping workers and starts on the tasks
 // at once. Tasks are claimed one at a time from one atomic word that carries the job's generation
-// (24 bits), so a worker that wakes after the job is over claims nothing (and never touches a
-// later job with an earlier job's function). The caller claims from the front, the workers from
-// the back: consecutive kernels split their tasks (rows, pixel blocks, in memory order) at about
-// the same place, so each core reads the part of a tensor it wrote itself, from its own L2
-// (claiming from one end interleaved them: efficientnet_b0 4.92 -> 4.53 ms, resnet18 10 % faster,
-// docs/DESIGN.md §4.8). A job of over 2^20 - 1 tasks is claimed in that many contiguous runs. The caller returns when every task has run: it waits only for
-// tasks a worker has claimed, never for a worker to wake up (the OpenMP barrier does: ~50 us per
-// region on an idle VM, bench/omp_wakeup.py) or to be scheduled again on a busy host.
+// (24 bits: a worker would have to sleep through 16 M jobs to see its own come round again), so a
+// worker that wakes after the job is over claims nothing (and never touches a later job with an
+// earlier job's function). The caller claims from the front, the workers from the back:
+// consecutive kernels split their tasks (rows, pixel blocks, in memory order) at about the same
+// place, so each core reads the part of a tensor it wrote itself, from its own L2 (claimed from
+// one end they interleaved: efficientnet_b0 4.92 -> 4.53 ms, docs/DESIGN.md §4.8). A job of more
+// than 2^20 - 1 tasks is claimed in that many contiguous runs. The caller returns when every task
+// has run: it waits only for tasks a worker has claimed, never for a worker to wake up (the
+// OpenMP barrier does: ~50 us per region on an idle VM, bench/omp_wakeup.py) or to be scheduled
+// again on a busy host.
 //
 // Between jobs a worker first stays awake for a short while (spin_us(): 200 us by default,
 // ASCENDC_PACK_POOL_SPIN_US in the environment; 0 sleeps at once), polling for the next job and
@@ -82,7 +84,7 @@ class TaskPool {
       ntasks_ = ntasks;
       threads_ = threads;
       mode_ = fp_mode();
-      claims = ntasks < kMaxClaims ? ntasks : kMaxClaims;
+      claims = claims_of(ntasks);
       done_.store(0, std::memory_order_relaxed);
       next_.store((uint64_t(gen) & kGenMask) << kGenShift | uint64_t(claims), std::memory_order_release);
       caller_cpu_.store(sched_getcpu(), std::memory_order_relaxed);
@@ -134,7 +136,7 @@ class TaskPool {
   // the workers from the back (unless ASCENDC_PACK_POOL_LOCALITY=0: all from the front).
   void work(uint32_t gen, int32_t worker, ap_task_fn fn, void* ctx, int64_t ntasks) {
     const uint64_t want = uint64_t(gen) & kGenMask;
-    const int64_t claims = ntasks < kMaxClaims ? ntasks : kMaxClaims;
+    const int64_t claims = claims_of(ntasks);
     const bool front = worker == 0 || !locality();
     uint64_t v = next_.load(std::memory_order_acquire);
     for (;;) {
@@ -148,6 +150,8 @@ class TaskPool {
       v = next_.load(std::memory_order_acquire);
     }
   }
+
+  static int64_t claims_of(int64_t ntasks) { return ntasks < kMaxClaims ? ntasks : kMaxClaims; }
 
   // ASCENDC_PACK_POOL_LOCALITY=0: every thread claims from the front (the order before 2026-12-07)
   static bool locality() {
