@@ -23,8 +23,8 @@ from ascendc_pack.tactics.families import registry
 from ascendc_pack.tactics.lower_casts import core
 
 EPILOGUE_KINDS = ("linear", "conv")
-"""Steps whose candidate-0 program is the heavy op then its pointwise epilogue (an attention
-step's is the whole unfused attention: no tail of its own)."""
+"""Steps whose candidate-0 program is the heavy op then its pointwise epilogue, if any (an
+attention step's is the whole unfused attention: no tail of its own)."""
 
 
 def epilogue_program(step: TacticStep, values: dict) -> Program:

@@ -297,7 +297,7 @@ class TacticTuner:
                 runners[c] = self._captured_runner(step, env) or runners[c]
             tail = E.epilogue_tail(step, self._epilogues.get(step.name), self._kernels, env, out) \
                 if any(map(E.core_timed, ch.candidates)) else None
-            if tail is not None:  # a bfloat16 library core pays its epilogue's pass like the kernels
+            if tail is not None:  # a bfloat16 library core pays its epilogue's (or cast's) pass, as lowered
                 runners = [E.then(r, tail) if r is not None and E.core_timed(t) else r
                            for r, t in zip(runners, ch.candidates)]
             errors = [r.error for r in ch.results]
