@@ -177,10 +177,28 @@ def test_candidates_are_ranked_distinct_and_keyed_like_torch_npu():
         assert cand.kernel_key == hashlib.md5(text.encode()).hexdigest()
         assert cand.block_dim == t.bd <= 2 and t.nr % t.lanes == 0 and t.mc % t.mr == 0 and t.nc % t.nr == 0
         assert (cand.workspace > 0) == (t.pack == "call")
-    assert {c.tiling.pack for c in cands} == {"call", "load"}  # a transposed weight is never read in place
+    assert "none" not in {c.tiling.pack for c in cands}  # a transposed weight is never read in place
     assert {c.tiling.bd for c in cands} == {1, 2}
     assert len({(c.tiling.mr, c.tiling.nr) for c in cands}) >= 3
     assert len(propose(GemmSpec.linear("x", 128, 256, 256), target, 3)) == 3
+    # two activations: B is packed per call or read in place, and both kinds get a slot
+    mm = propose(GemmSpec.matmul("y", 128, 256, 256), target, 10)
+    assert {c.tiling.pack for c in mm} == {"call", "none"}
+
+
+def test_a_weight_gemm_spends_its_slots_on_tilings_not_on_packing_per_call():
+    """``--topn 4`` on a transformer's GEMMs: before, the four slots were one tiling with B
+    packed at load and per call, on 2 and on 1 thread (PGO compared one tiling with the
+    libraries); now three register blocks on every thread and the best on one thread (a busy
+    host's pick), none packing a constant B per call (the same kernel plus a pass over B)."""
+    target = CpuTarget(cores=2, lanes=16, registers=32, l1d=48 << 10, l2=2 << 20)
+    for m, n, k in ((1024, 768, 256), (1024, 256, 1024), (128, 1024, 256)):
+        cands = propose(GemmSpec.linear("t", m, n, k), target, 4)
+        tilings = [c.tiling for c in cands]
+        assert all(t.pack == "load" for t in tilings), tilings
+        assert [t.bd for t in tilings].count(2) == 3 and [t.bd for t in tilings].count(1) == 1, tilings
+        assert len({(t.mr, t.nr) for t in tilings if t.bd == 2}) == 3, tilings
+        assert tilings[0].mr <= 8  # 12 or 14 rows ran 3-12 % slower in context (generator._EFF_TALL)
 
 
 def test_cost_model_keeps_small_gemms_on_one_thread_and_splits_big_ones():

@@ -27,7 +27,7 @@ KERNEL_FLAGS = [
     "-fno-math-errno", "-fno-trapping-math",
 ]
 
-UNARY = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "gelu", "nearbyint",
+UNARY = ["exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "nearbyint",
          "round_bf16", "round_f16", "exp_neg_normal"]
 
 # Each loop sits on its own line, tagged with the function name, so that -fopt-info reports can be
@@ -242,6 +242,36 @@ def test_gelu_is_within_float_rounding_of_the_exact_gelu(lib):
     assert (np.abs(got[big] - ref[big]) / np.abs(ref[big])).max() < 2e-4
     eager = torch.nn.functional.gelu(torch.from_numpy(x)).numpy().astype(np.float64)
     assert (np.abs(got[fin] - eager[fin]) <= bound + np.abs(eager[fin] - ref[fin])).all()  # eager's 1 + erf cancels too
+
+
+
+def test_gelu_tanh_is_within_float_rounding_of_the_exact_formula(lib):
+    """ap_gelu_tanh (x * sigmoid(2u), the tanh-GELU epilogue) against the same function in float64:
+    relative 3e-7 (1 + |2u|) down to results of 1e-30 (no cancellation in the negative tail, where
+    torch's float32 1 + tanh(u) cancels and returns 0 from |gelu| < 1e-16 on), absolute 6e-7 at
+    most (eager's own float32 formula: 4.3e-7), and the specials eager gives (+inf, NaN for -inf
+    and NaN)."""
+    x = _inputs(-12.0, 12.0)
+    x = x[np.abs(x) < 1e12]  # 0.044715 x^3 overflows float32 far before; both give +-inf/NaN there
+    got = lib.f("gelu_tanh", x).astype(np.float64)
+    gelu = torch.nn.functional.gelu
+    x64 = x.astype(np.float64)
+    two_u = 2.0 * np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64 ** 3)
+    with np.errstate(over="ignore"):  # the same function without 1 + tanh's cancellation, in float64
+        ref = x64 / (1.0 + np.exp(-two_u))
+    eager = gelu(torch.from_numpy(x), approximate="tanh").numpy().astype(np.float64)
+    big = np.abs(ref) > 1e-30  # below: x e^-2u where e^-2u nears its flush to 0 (eager: 0 from 1e-16 on)
+    rel = np.abs(got[big] - ref[big]) / np.abs(ref[big])
+    # e^-2u inherits 2u's float32 rounding (relative 6e-8 of 2u): a few ulp near 0, 1e-5 at 2u = -80
+    assert (rel <= 3e-7 * (1 + np.abs(two_u[big]))).all(), (rel / (1 + np.abs(two_u[big]))).max()
+    fin = np.isfinite(ref)
+    err, eager_err = np.abs(got - ref)[fin], np.abs(eager - ref)[fin]
+    assert err.max() <= 6e-7 and eager_err.max() > 4e-7  # like eager's; the float32 rule allows 1e-5
+    specials = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, -1e30], np.float32)
+    want = gelu(torch.from_numpy(specials), approximate="tanh").numpy()
+    out = lib.f("gelu_tanh", specials)
+    assert np.array_equal(np.isnan(out), np.isnan(want)) and out[0] == np.inf
+    assert out[3] == 0 and out[5] == specials[5] and (out[6] == 0 or np.isnan(want[6]))
 
 
 def test_small_arguments_relative(lib):

@@ -75,7 +75,7 @@ EPILOGUE = MappingProxyType({op.name: op for op in (
                         ("aten.mul.Tensor", (3, 0.7978845608028654)), ("aten.mul.Tensor", ("v", 0.5)),
                         ("aten.tanh.default", (4,)), ("aten.add.Tensor", (6, 1)), ("aten.mul.Tensor", (5, 7))),
                onednn=("gelu", "tanh"),
-               c="v = 0.5f * v * (1.0f + ap_tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));"),
+               c="v = ap_gelu_tanh(v);"),
     EpilogueOp("hardswish", False, "aten::hardswish", F.hardswish, 5, 5,
                pattern=(("aten.add.Tensor", ("v", 3)), ("aten.clamp.default", (0, 0)),
                         ("aten.clamp.default", (1, None, 6)), ("aten.mul.Tensor", ("v", 2)),

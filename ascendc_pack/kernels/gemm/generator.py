@@ -233,13 +233,18 @@ def workspace_bytes(spec: GemmSpec, t: GemmTiling) -> int:
 # was written on: few rows re-stream the B panel and broadcast more per FMA)
 _EFF_FEW_ROWS = {1: 0.8, 2: 0.68, 3: 0.73, 4: 0.8, 6: 0.8}
 _EFF_MANY_ROWS = {1: 0.87, 2: 1.0, 3: 0.97, 4: 1.0, 6: 1.0}
+# ... and what 12 or 14 rows keep of that in a model: PGO of transformer_block's four GEMMs
+# (M 1024, K 256 and 1024; 2-vCPU Xeon, 48 KiB L1) timed 14 rows 5-12 % and 12 rows 3-9 % slower
+# than 6 or 8 in context, where the single-threaded loop had them even (MR rows of A are MR
+# streams into L1 beside the B panel)
+_EFF_TALL = {12: 0.95, 14: 0.92}
 
 
 def _ukernel_cycles(r: int, w: int) -> float:
     """Cycles per k step of an r x w-vector register block: r*w FMAs on 2 pipes at the block's
     measured efficiency, and no faster than FMA latency (4) over its independent accumulators."""
     chains = r * w * (2 if r * w < 8 else 1)
-    eff = min((_EFF_MANY_ROWS if r >= 6 else _EFF_FEW_ROWS).get(w, 0.8), chains / 8)
+    eff = min((_EFF_MANY_ROWS if r >= 6 else _EFF_FEW_ROWS).get(w, 0.8), chains / 8) * _EFF_TALL.get(r, 1.0)
     return r * w / 2.0 / eff
 
 
@@ -337,7 +342,8 @@ def _space(spec: GemmSpec, target: CpuTarget, cores: int) -> list[GemmTiling]:
 
 def propose(spec: GemmSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> list[KernelCandidate]:
     """Up to ``min(topn, 10)`` distinct candidates, best (lowest estimate) first. The list keeps
-    variety for PGO: the best of every (pack, threads) kind and of every register block come
+    variety for PGO: the best of every (pack, threads) kind (of every thread count, for a
+    constant B: loading it packed beats packing it per call) and of every register block come
     before the runners-up."""
     scored, seen = [], set()
     for t in _space(spec, target, target.cores):
@@ -347,7 +353,9 @@ def propose(spec: GemmSpec, target: CpuTarget, topn: int = MAX_CANDIDATES) -> li
             scored.append(KernelCandidate(t, cand, estimate_us(spec, t, target)))
     scored.sort(key=lambda c: (c.est_us, c.candidate.tiling_repr))
     ranked: dict[int, KernelCandidate] = {}  # by id: insertion-ordered, no deep comparisons
-    for kind in (lambda t: (t.pack, t.bd), lambda t: (t.mr, t.nr)):
+    # a constant B packed per call is the same kernel plus a pass over B: not a kind worth a slot
+    threads = (lambda t: t.bd) if spec.b_constant else (lambda t: (t.pack, t.bd))
+    for kind in (threads, lambda t: (t.mr, t.nr)):
         firsts = {}
         for c in scored:
             firsts.setdefault(kind(c.tiling), c)
