@@ -203,6 +203,7 @@ def prepare(module: torch.nn.Module, example_inputs, *, name: str = "model", con
 def _tactics(captured: Captured, config, progress, input_sets, protocol, before_tuning=None):
     """Tactic pass, PGO of the tactic steps on ``input_sets``, lowering of the choices."""
     from ascendc_pack.autotune.protocol import Protocol
+    from ascendc_pack.tactics.attention_sources import read_sources_in_place
     from ascendc_pack.tactics.lower import lower_tactics, propagate_layouts
     from ascendc_pack.tactics.pool_widen import widen_after_pools
     from ascendc_pack.tactics.rewrite import find_tactics
@@ -237,7 +238,7 @@ def _tactics(captured: Captured, config, progress, input_sets, protocol, before_
     lowered = lower_tactics(found.model, found.weights, decisions, tuner.choices)
     model = propagate_layouts(lowered.model) if lowered.lowered else lowered.model
     if lowered.lowered:  # a bfloat16 convolution's widening moves after the max pooling reading it
-        model = widen_after_pools(model, tuner.choices, config)
+        model = read_sources_in_place(widen_after_pools(model, tuner.choices, config))
     return Captured(model, lowered.weights), tuner.choices, (tuner.profiled, tuner.disqualified), precision
 
 

@@ -238,6 +238,12 @@ def test_generated_gemm_candidates_run_in_the_graph(tmp_path, cache, monkeypatch
         return out
 
     monkeypatch.setattr(TacticTuner, "decisions", forced)
+    if not packed:  # a weight's B is proposed packed at load only: offer the per-call packing instead
+        from ascendc_pack.kernels.gemm import generator as G
+
+        per_call = lambda spec, target, topn: G.propose(dataclasses.replace(spec, b_constant=False), target, topn)  # noqa: E731
+        monkeypatch.setattr(G, "GENERATOR", dataclasses.replace(G.GENERATOR, propose=per_call))
+        cache = tmp_path / "cache"  # proposals are cached with the kernels
     res, out = _build(tmp_path, cache)
     m = rt.read_manifest(out)
     gemms = [k for k in m.kernels if k.name.startswith("gemm_")]

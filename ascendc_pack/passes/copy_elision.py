@@ -43,7 +43,7 @@ def elide_copies(model: ModelProgram) -> ModelProgram:
 
 
 def _elide(p: Program) -> tuple[Program, int]:
-    if any(_in_place(s) for s in p.steps):
+    if any(in_place_step(s) for s in p.steps):
         return p, 0
     producer = {o: s for s in p.steps for o in s.outputs if o is not None}
     outputs, inputs, values = set(p.outputs), set(p.inputs), dict(p.values)
@@ -87,9 +87,10 @@ def _root(name: str, producer: dict) -> str:
     return name
 
 
-def _in_place(s) -> bool:
+def in_place_step(s) -> bool:
+    """An ATen step writing one of its inputs (``add_``, ``copy_``): the program is not functional."""
     name = s.op.split(".")[1] if isinstance(s, AtenStep) and s.op.count(".") >= 1 else ""
     return name.endswith("_")
 
 
-__all__ = ["elide_copies"]
+__all__ = ["elide_copies", "in_place_step"]

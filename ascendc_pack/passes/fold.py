@@ -26,7 +26,7 @@ import torch
 from ascendc_pack_runtime.tensor_meta import contiguous_strides, is_dense, itemsize, numel
 
 from ascendc_pack.frontend.executor import resolve_op, run_aten
-from ascendc_pack.ir.program import AtenStep, ModelProgram, Program, TensorSpec
+from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, TensorSpec
 from ascendc_pack.ir.symbolic import any_symbolic
 
 log = logging.getLogger(__name__)
@@ -182,4 +182,21 @@ def _needed_steps(names: list[str], producer: dict) -> set[int]:
     return needed
 
 
-__all__ = ["fold_constants", "FoldResult", "is_foldable", "FOLD_MAX_BYTES"]
+def remove_dead_steps(p: Program) -> Program:
+    """Without the deterministic ATen steps nothing reads any more (e.g. the views of BatchNorm
+    statistics a lowered step no longer needs), branches included."""
+    live = set(p.outputs)
+    kept = []
+    for s in reversed(p.steps):
+        if isinstance(s, AtenStep) and is_foldable(s) and not any(o in live for o in s.outputs):
+            continue
+        if isinstance(s, CondStep):
+            s = dataclasses.replace(s, then_branch=remove_dead_steps(s.then_branch),
+                                    else_branch=remove_dead_steps(s.else_branch))
+            live.update(s.operands)
+        live.update(s.input_names())
+        kept.append(s)
+    return dataclasses.replace(p, steps=kept[::-1])
+
+
+__all__ = ["fold_constants", "FoldResult", "is_foldable", "remove_dead_steps", "FOLD_MAX_BYTES"]

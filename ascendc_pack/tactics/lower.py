@@ -27,7 +27,7 @@ from ascendc_pack_runtime.tensor_meta import contiguous_strides, torch_dtype
 
 import ascendc_pack.tactics.dispatch as T
 from ascendc_pack.frontend.executor import run_reference_tactic
-from ascendc_pack.passes.fold import is_foldable
+from ascendc_pack.passes.fold import remove_dead_steps
 from ascendc_pack.passes.meta_layouts import meta_layouts
 from ascendc_pack.ir.program import AtenStep, CondStep, ModelProgram, Program, Ref, TacticStep, TensorSpec
 from ascendc_pack.tactics.families import registry
@@ -57,7 +57,7 @@ def lower_tactics(model: ModelProgram, weights: dict[str, torch.Tensor], decisio
     top = set(model.weights)
     program, _ = low.program(model.program, lambda n: (lambda: sink.tensors[n]) if n in top else None, "")
     if low.lowered:
-        program = fold_requantize(_dead_steps_removed(cancel_round_trips(program)))
+        program = fold_requantize(remove_dead_steps(cancel_round_trips(program)))
     read = _reads(program)
     keep = [w for w in sink.order if w in read]
     program.inputs = keep + list(model.user_inputs)
@@ -147,23 +147,6 @@ def _format_of(t: torch.Tensor):
             and not t.is_contiguous():
         return torch.channels_last
     return torch.contiguous_format
-
-
-def _dead_steps_removed(p: Program) -> Program:
-    """Without the deterministic ATen steps nothing reads any more (e.g. the views of BatchNorm
-    statistics a lowered step no longer needs), branches included."""
-    live = set(p.outputs)
-    kept = []
-    for s in reversed(p.steps):
-        if isinstance(s, AtenStep) and is_foldable(s) and not any(o in live for o in s.outputs):
-            continue
-        if isinstance(s, CondStep):
-            s = dataclasses.replace(s, then_branch=_dead_steps_removed(s.then_branch),
-                                    else_branch=_dead_steps_removed(s.else_branch))
-            live.update(s.operands)
-        live.update(s.input_names())
-        kept.append(s)
-    return dataclasses.replace(p, steps=kept[::-1])
 
 
 def _reads(p: Program) -> set[str]:

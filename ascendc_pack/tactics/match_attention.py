@@ -23,6 +23,7 @@ import math
 import torch
 
 from ascendc_pack.ir.program import AtenStep, Program, Ref, TensorSpec
+from ascendc_pack.tactics.attention_sources import SOURCES, copy_source
 
 NEG_INF = float("-inf")
 
@@ -219,7 +220,24 @@ def match_attention(mt, i: int):
               "mask_windows": mask_windows}
     bind = {"q": q, "k": k, "v": v, **({"mask": mask} if mask is not None else {}),
             **({"mask_bias": bias} if bias is not None else {})}
+    sources = _copy_sources(mt, bind, inside)
+    if sources:
+        fields["sources"] = {t: recipe for t, (_, recipe) in sources.items()}
+        bind.update({f"{t}_src": src for t, (src, _) in sources.items()})
     return fields, steps, bind, out
+
+
+def _copy_sources(mt, bind: dict, inside: set) -> dict:
+    """``{input: (P, recipe)}`` of the q/k/v that are views of a contiguous copy of ``P`` read by
+    nothing else (:mod:`ascendc_pack.tactics.attention_sources`): all of them or none."""
+    found = {t: copy_source(mt, bind[t]) for t in SOURCES}
+    if any(f is None for f in found.values()):
+        return {}
+    chains = inside | {i for f in found.values() for i in f[2]}
+    made = [o for f in found.values() for i in f[2] for o in mt.g.steps[i].outputs if o]
+    if not all(mt.private(n, chains) for n in made) or (chains - inside) & mt.taken:
+        return {}
+    return {t: (f[0], f[1]) for t, f in found.items()}
 
 
 def _broadcasts(mask: tuple, scores: tuple) -> bool:

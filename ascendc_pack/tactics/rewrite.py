@@ -218,7 +218,10 @@ class _State:
                 if scope:
                     needs.append(w)
         self.found += 1
-        return TacticStep(name="", tactic_kind=m.kind, desc=json.loads(json.dumps(step.to_json())), bind=bind,
+        desc = json.loads(json.dumps(step.to_json()))
+        if m.fields.get("sources"):  # q/k/v a generated kernel reads through their copy (attention_sources)
+            desc["sources"] = m.fields["sources"]
+        return TacticStep(name="", tactic_kind=m.kind, desc=desc, bind=bind,
                           shapes={k: tuple(v) for k, v in step.shapes().items()}, outputs=[m.output],
                           steps=[p.steps[i] for i in m.steps])
 
@@ -248,7 +251,7 @@ def _causal(step, bind: dict, consts: Constants):
 def _description(m: Match):
     epi = T.Epilogue(**m.epilogue)
     cls = {"linear": T.LinearStep, "conv": T.ConvStep, "attention": T.AttentionStep, "pool": T.PoolStep}[m.kind]
-    kw = dict(m.fields)
+    kw = {k: v for k, v in m.fields.items() if k != "sources"}
     if m.kind in ("linear", "conv"):
         kw["epilogue"] = epi
     return cls(**kw)

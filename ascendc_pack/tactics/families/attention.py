@@ -4,7 +4,9 @@ attention steps.
 A float32 attention step gets, besides ``unfused`` (candidate 0) and torch's ``flash``, up to
 ``config.topn`` tilings of its generated kernel (``attention_<step name>``). The kernel reads
 ``q``, ``k`` and ``v`` with the strides they arrive in (recorded on the real inputs; a tensor that
-arrives otherwise is copied, in the candidate's timing as in the graph) and a mask as its own
+arrives otherwise is copied, in the candidate's timing as in the graph; one that is a view of a
+contiguous copy, as ``nn.MultiheadAttention`` makes, is read from what was copied:
+:mod:`ascendc_pack.tactics.attention_sources`) and a mask as its own
 contiguous tensor, and writes the ``[B, L, H, Ev]`` memory flash attention returns. Like the other
 generated kernels a candidate is verified in the kernel sandbox before it is timed, and a chosen
 one launches from graph.cpp (its library a bundle member).
@@ -29,6 +31,7 @@ from ascendc_pack.autotune.verify import verify_in_sandbox
 from ascendc_pack.ir.program import TacticStep, TensorSpec
 import ascendc_pack.kernels.attention.amx as amx_attention
 from ascendc_pack.kernels.attention.generator import AttnKernel, AttnSpec, AttnSpecError, plan
+from ascendc_pack.tactics.attention_sources import resolve, source_spec
 from ascendc_pack.tactics.families.base import KernelFamily, KernelTactic
 from ascendc_pack.tactics.families.gemm import OnAmx, low_precision_check
 
@@ -43,6 +46,15 @@ def _strides(spec: TensorSpec | None, shape: tuple) -> tuple[int, int, int]:
     return tuple(contiguous_strides(shape)[:3])
 
 
+def _arriving(step: TacticStep, values: dict, n: str) -> TensorSpec | None:
+    """How input ``n`` arrives at a generated kernel: through its recipe from the value it was
+    copied from when the step has one (:mod:`ascendc_pack.tactics.attention_sources`), else as bound."""
+    recipe, src = (step.desc.get("sources") or {}).get(n), step.bind.get(f"{n}_src")
+    if recipe is not None and src in values:
+        return source_spec(recipe, values[src])
+    return values.get(step.bind.get(n))
+
+
 def attention_spec(step: TacticStep, values: dict) -> AttnSpec | None:
     """The generated kernel's spec of a float32 attention ``step`` (``values``: the specs of its
     program's values), or None when the kernel does not take it."""
@@ -51,7 +63,7 @@ def attention_spec(step: TacticStep, values: dict) -> AttnSpec | None:
         return None
     a = T.step_from_json(d)
     shapes = a.shapes()
-    strides = {n: _strides(values.get(step.bind.get(n)), shapes[n]) for n in ("q", "k", "v")}
+    strides = {n: _strides(_arriving(step, values, n), shapes[n]) for n in ("q", "k", "v")}
     mask_shape = None
     if a.mask:
         ms = tuple(shapes["mask"])
@@ -82,12 +94,15 @@ class AttentionFamily(KernelFamily):
     def plan(self, spec: AttnSpec, config, target):
         return plan(spec, config, target)
 
+    def extra(self, step: TacticStep, spec, so_path: str, kernel_key: str) -> dict:
+        return {"sources": step.desc["sources"]} if step.desc.get("sources") else {}
+
     def runner(self, t: KernelTactic, named: dict, pool: int | None = None) -> AttnKernelRunner:
-        return AttnKernelRunner(t, named, pool)
+        return AttnKernelRunner(t, resolve(named, t.extra.get("sources")), pool)
 
     def lowered_runner(self, t: KernelTactic, named: dict):
         kernel = AttnKernel(t.spec, t.so_path, t.candidate.kernel_key)
-        return lambda named: kernel(named)
+        return lambda named: kernel(resolve(named, t.extra.get("sources")))
 
     def input_layouts(self, chosen: dict) -> dict:
         return AttnSpec.from_json(chosen["spec"]).input_layouts()
