@@ -146,10 +146,17 @@ def order_by_prediction(ch: TacticChoice) -> None:
 
 POOL_MARGIN = 0.08
 """A linear step's generated GEMM (run on the graph's task pool) is chosen over a faster library
-candidate (ATen, oneDNN, MKL: torch's OpenMP team) within this share of its time. PGO times each
-step alone; in the graph, an OpenMP step between pool kernels pays for the two thread sets meeting
-on the cores: swin_t's --topn 4 bundle, with oneDNN / MKL on three linear steps 2-6 % faster
-alone, ran 51-53 ms a call in its own process against 45-47 for the all-pool --topn 1 bundle."""
+candidate (ATen, oneDNN, MKL: torch's OpenMP team) within this share of its time, and at most
+:data:`POOL_MARGIN_US`. PGO times each step alone; in the graph, an OpenMP step between pool
+kernels pays for the two thread sets meeting on the cores: swin_t's --topn 4 bundle, with oneDNN /
+MKL on three linear steps 2-6 % faster alone, ran 51-53 ms a call in its own process against
+45-47 for the all-pool --topn 1 bundle."""
+
+POOL_MARGIN_US = 50.0
+"""The margin's cap: what a step pays for meeting the OpenMP team is about its wake-up (~50 µs on
+the 2-vCPU KVM guest, kernel_pool.h), not a share of a long step. mlp's 256x2048x1024 GEMM: the
+pool kernel 2725 µs against oneDNN's 2667 alone took the step by the 8 % share, and the bundle ran
+1.02-1.03x OpenVINO f32 against 1.00 with oneDNN there (12 interleaved rounds, 2026-12-07)."""
 
 
 def pick_by_precision(ch: TacticChoice) -> None:
@@ -172,11 +179,12 @@ def pick_by_precision(ch: TacticChoice) -> None:
 
 def _pool_within_margin(ch: TacticChoice, pick: int, timed: list[tuple[float, int]]) -> int:
     """``pick``, or for a linear step whose pick is a library call the fastest generated (pool)
-    candidate of ``timed`` within :data:`POOL_MARGIN` of it."""
+    candidate of ``timed`` within :data:`POOL_MARGIN` (at most :data:`POOL_MARGIN_US`) of it."""
     pick_us = ch.results[pick].median_us
     if ch.kind != "linear" or ch.candidates[pick].family != DISPATCH or pick_us is None:
         return pick
-    pool = [(t, i) for t, i in timed if ch.candidates[i].family != DISPATCH and t <= pick_us * (1 + POOL_MARGIN)]
+    limit = pick_us + min(pick_us * POOL_MARGIN, POOL_MARGIN_US)
+    pool = [(t, i) for t, i in timed if ch.candidates[i].family != DISPATCH and t <= limit]
     return min(pool)[1] if pool else pick
 
 
