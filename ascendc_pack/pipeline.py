@@ -17,7 +17,7 @@ import torch
 from ascendc_pack.frontend.capture import Captured, capture, random_ops
 from ascendc_pack.frontend.capture_cache import capture_cached
 from ascendc_pack.frontend.check import check_against_eager, compare_outputs  # noqa: F401 (compare_outputs re-exported)
-from ascendc_pack.errors import PackError, VerificationError
+from ascendc_pack.errors import ConfigError, PackError, VerificationError
 from ascendc_pack.frontend.executor import run_model
 from ascendc_pack.frontend.loader import LoadedModel, load_model_file
 
@@ -340,6 +340,8 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     out = Path(output) if output is not None else Path(f"{name}.ascpack")
     if out.is_dir():
         raise PackError(f"output {out} is a directory; pass a file path such as {out / (name + '.ascpack')}")
+    input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
+    _check_static_sets(input_sets)
     if config.backend == "cpu":  # the host profile first: its OpenMP wake-up needs the other cores idle
         from ascendc_pack.backends.registry import get_backend
 
@@ -352,7 +354,6 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
                 interpreter.result()
         interpreter.result()
 
-    input_sets = [tuple(example_inputs), *[tuple(c) for c in calibration_inputs or []]]
     prep, pm = prepare_and_tune(model, example_inputs, input_sets, config=config, name=name, progress=progress,
                                 output_names=output_names, protocol=protocol, tactics=tactics,
                                 before_tuning=wait_for_interpreter)
@@ -507,6 +508,25 @@ def _verify_bundle(module, input_sets, staged: Path, out: Path, names, atol, rto
         return checks
     finally:
         staged.unlink(missing_ok=True)
+
+
+def _check_static_sets(input_sets: list[tuple]) -> None:
+    """Every calibration set has the example's inputs: a static bundle runs those shapes and
+    dtypes only (its program was captured at them), so another set could not calibrate it."""
+    example = input_sets[0]
+    for n, ins in enumerate(input_sets[1:], 1):
+        problem = f"has {len(ins)} inputs, the example inputs {len(example)}" if len(ins) != len(example) else next(
+            (f"input {i} is {_describe(a)}, the example's {_describe(e)}" for i, (a, e) in enumerate(zip(ins, example))
+             if isinstance(a, torch.Tensor) != isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor)
+             and (a.shape != e.shape or a.dtype != e.dtype)), None)
+        if problem:
+            raise ConfigError(f"calibration input set {n} {problem}: a static bundle runs the example's shapes only; "
+                              "give calibration inputs of those shapes, or build with dynamic dims (a model file's "
+                              "get_dynamic_shapes(), or --dynamic-batch MIN:MAX)")
+
+
+def _describe(x) -> str:
+    return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 def build_file(model_file, **kwargs) -> BuildResult:

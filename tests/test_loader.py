@@ -122,3 +122,20 @@ def test_model_file_is_registered_for_torch_cond(write_model):
     lm = load_model_file(write_model(GOOD))
     assert type(lm.module).__module__ in sys.modules
     assert torch.equal(lm.module(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+
+
+def test_a_static_build_refuses_calibration_inputs_of_other_shapes(tmp_path):
+    """The Python API and a model file declaring dynamic dims both reach the static build with
+    their own calibration sets: one at another shape is a clear error before any work (a static
+    bundle runs the example's shapes), never the captured program's reshape failing inside PGO."""
+    from ascendc_pack.errors import ConfigError
+    from ascendc_pack.pipeline import build
+
+    model = torch.nn.Linear(3, 4)
+    with pytest.raises(ConfigError, match=r"calibration input set 1 input 0 is float32\[5, 3\], the example's "
+                                          r"float32\[2, 3\].*dynamic dims"):
+        build(model, (torch.ones(2, 3),), calibration_inputs=[(torch.ones(5, 3),)], output=tmp_path / "m.ascpack")
+    with pytest.raises(ConfigError, match="calibration input set 2 has 2 inputs, the example inputs 1"):
+        build(model, (torch.ones(2, 3),), calibration_inputs=[(torch.ones(2, 3),), (torch.ones(2, 3), torch.ones(1))],
+              output=tmp_path / "m.ascpack")
+    assert not (tmp_path / "m.ascpack").exists()

@@ -160,7 +160,7 @@ def build_artifact(kind: str, model_file: str, out_dir: str, topn: int = 1, cach
                 torch.onnx.export(module, inputs, str(path), dynamo=True, verbose=False)
         seconds = time.perf_counter() - t0
     elif kind in ("bundle1", "bundleN", "bundleN_bf16", "bundleN_int8", "bundleN_ftz"):
-        from ascendc_pack.pipeline import build_file
+        from ascendc_pack.dynamic import build_file  # as the CLI: a model declaring dynamic dims builds dynamic
         from ascendc_pack.bench.kernels import choices_json
 
         n = 1 if kind == "bundle1" else topn
