@@ -60,8 +60,7 @@ def copy_source(mt, name: str) -> tuple[str, list, list[int]] | None:
     ps, leaf = mt.spec(src), mt.spec(name)
     if ps is None or leaf is None or ps.stride is None or ps.dtype != leaf.dtype:
         return None
-    copy = torch.empty(ps.shape, device="meta")  # the clone: contiguous
-    t = copy
+    t = torch.empty(ps.shape, device="meta")  # the clone: contiguous
     try:
         for i in reversed(chain):
             t = _apply_step(mt.g.steps[i], t)
