@@ -277,3 +277,22 @@ def test_spec_round_trips_through_json():
     spec = CASES[10]
     assert GemmSpec.from_json(spec.to_json()) == spec
     assert spec.spec_text() == GemmSpec.from_json(spec.to_json()).spec_text()
+
+
+def test_the_cost_model_hands_out_blocks_as_the_task_pool_does():
+    """The caller takes blocks from the front, the workers from the back (task_pool.h): two large
+    blocks then two small ones leave the caller with both large ones, which in-order dynamic
+    scheduling would have split. The first candidates' blocks then split evenly between the threads
+    (cond_model's 256x1024x1024 GEMM was cut in 128 x 672 and 128 x 352 blocks: --topn 1 ran 1.31x
+    --topn 4)."""
+    from ascendc_pack.kernels.gemm.generator import pool_loads
+
+    assert pool_loads([672, 672, 352, 352], 2) == [1344, 704]
+    assert pool_loads([512, 512, 512, 512], 2) == [1024, 1024]
+    assert pool_loads([3, 1, 1, 1], 1) == [6]
+    target = CpuTarget(cores=2, lanes=16, registers=32, l1d=48 << 10, l2=2 << 20)
+    for m, n, k in ((256, 1024, 1024), (256, 2048, 1024), (256, 1024, 2048)):
+        t = propose(GemmSpec.linear("c", m, n, k), target, 1)[0].tiling
+        blocks = [min(t.mc, m - i) * min(t.nc, n - j) for j in range(0, n, t.nc) for i in range(0, m, t.mc)]
+        loads = pool_loads(blocks, t.bd)
+        assert max(loads) <= 1.05 * sum(loads) / len(loads), (m, n, k, t.tiling_repr, loads)

@@ -248,6 +248,25 @@ def _ukernel_cycles(r: int, w: int) -> float:
     return r * w / 2.0 / eff
 
 
+def pool_loads(tasks: list[float], threads: int) -> list[float]:
+    """Each thread's share of ``tasks`` as the graph's task pool hands them out (task_pool.h): the
+    first thread free takes the next task, the caller from the front and the workers from the back.
+    Blocks of unequal size can then leave a thread idle: cond_model's 256x1024x1024 GEMM in 128 x
+    672 and 128 x 352 blocks ran its caller's two large ones while the worker ran the small ones
+    (`--topn 1` 2.02 ms against 1.52 for `--topn 4`), where handing tasks out in order balanced them."""
+    loads = [0.0] * threads
+    front, back = 0, len(tasks) - 1
+    while front <= back:
+        w = loads.index(min(loads))
+        if w == 0 or threads == 1:
+            loads[w] += tasks[front]
+            front += 1
+        else:
+            loads[w] += tasks[back]
+            back -= 1
+    return loads
+
+
 def estimate_us(spec: GemmSpec, t: GemmTiling, target: CpuTarget) -> float:
     """Rank-only estimate of one call in microseconds (PGO measures; this orders candidates):
     the busiest thread's micro-kernel cycles (tails, cache misfits, epilogue) or, when larger,
@@ -279,10 +298,7 @@ def estimate_us(spec: GemmSpec, t: GemmTiling, target: CpuTarget) -> float:
     tasks = [block_cycles(min(t.mc, m - i * t.mc), min(t.nc, n - j * t.nc))
              for _ in range(batches) for j in range(nb) for i in range(mb)]
     nt = t.bd
-    loads = [0.0] * nt
-    for task in tasks:  # schedule(dynamic): the next block goes to the first thread free
-        loads[loads.index(min(loads))] += task
-    busiest = max(loads) * spec.batch / batches
+    busiest = max(pool_loads(tasks, nt)) * spec.batch / batches
     us = busiest / (target.ghz * 1e3)
     # operand streaming: B (as the kernel reads it) once per row block, A once per column block
     b_batches = spec.batch if spec.b_strides[0] else 1
