@@ -133,6 +133,25 @@ def test_fresh_process_matches_eager_on_and_off_the_buckets(encoder):
     assert "dim 1 (seq) is 65" in r[2] and "dim 0 (batch) is 0" in r[3]
 
 
+def test_profile_follows_the_plan_a_call_runs(encoder):
+    """``run --profile`` on a dynamic bundle (it raised AttributeError: a dynamic bundle has no
+    one graph): the steps of the plan the inputs pick, a bucket's or the generic one."""
+    from ascendc_pack_runtime.tools import run_bundle
+
+    result, _ = encoder
+    m = rt.load(result.output)
+    try:
+        for shape, plan in (((2, 16), "bucket batch=2 seq=16"), ((3, 17), "generic")):
+            inputs = (torch.randn(*shape, 32), torch.ones(*shape, dtype=torch.long))
+            assert m.plan_for(*inputs) == plan
+            prof = rt.profile_steps(m, inputs, calls=2, warmup=1)
+            assert prof.calls == 2 and prof.steps and 0 < prof.steps_us <= prof.call_median_us
+    finally:
+        m.close()
+    lines, rc, res = run_bundle(result.output, repeat=1, profile=2)
+    assert rc == 0 and res["profile"].calls == 2, lines
+
+
 def test_graph_so_checks_the_ranges_itself(encoder):
     """The generic graph binds the dims from its inputs and refuses sizes outside the ranges
     even when called directly (no Python checks in front of it)."""

@@ -16,6 +16,7 @@ grows like sqrt(K). A wrong answer (a missed k step, a wrong column) is off by O
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 
@@ -23,7 +24,8 @@ import pytest
 import torch
 
 from ascendc_pack.config import BuildConfig
-from ascendc_pack.kernels.gemm.generator import EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, compile_gemms, propose
+from ascendc_pack.kernels.gemm.generator import (EPILOGUE_OPS, MAX_CANDIDATES, GemmSpec, GemmSpecError, compile_gemms,
+                                                 estimate_us, propose)
 from ascendc_pack.kernels.target import CpuTarget
 from ascendc_pack.kernels.gemm.launch import GemmKernel, eager_reference, random_operands
 from tests.kernel_check import tolerance
@@ -199,6 +201,20 @@ def test_a_weight_gemm_spends_its_slots_on_tilings_not_on_packing_per_call():
         assert [t.bd for t in tilings].count(2) == 3 and [t.bd for t in tilings].count(1) == 1, tilings
         assert len({(t.mr, t.nr) for t in tilings if t.bd == 2}) == 3, tilings
         assert tilings[0].mr <= 8  # 12 or 14 rows ran 3-12 % slower in context (generator._EFF_TALL)
+
+
+def test_a_memory_bound_gemm_streams_each_panel_in_one_row_block():
+    """A few rows against a weight bigger than L2 (a batch-1 encoder's GEMMs) only stream B: the
+    kernel's first row block of a panel prefetches it in, later row blocks re-read it from cache
+    and add their FMAs. Before, every tiling tied at the streaming time and the tie went to the
+    name, 1- and 2-row blocks (134-142 us where one 4-row block ran 107, 4 x 2304 x 768)."""
+    target = CpuTarget(cores=2, lanes=16, registers=32, l1d=48 << 10, l2=2 << 20)
+    for m, n, k in ((4, 2304, 768), (4, 768, 3072), (3, 3072, 768)):
+        spec = GemmSpec.linear("t", m, n, k)
+        cands = propose(spec, target, 4)
+        assert all(c.tiling.mr >= m for c in cands), [c.tiling for c in cands]
+        rows = lambda r: estimate_us(spec, dataclasses.replace(cands[0].tiling, mr=r, mc=m), target)  # noqa: E731
+        assert rows(1) > rows(2) > rows(cands[0].tiling.mr)
 
 
 def test_cost_model_keeps_small_gemms_on_one_thread_and_splits_big_ones():

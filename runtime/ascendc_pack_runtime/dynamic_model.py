@@ -121,6 +121,11 @@ class DynamicModel(Closing):
         """The label of the plan a call with ``inputs`` runs."""
         return self._state_for(self.sizes_of(inputs)).plan.label()
 
+    def namespace_for(self, *inputs) -> str:
+        """The namespace of the graph of the plan a call with ``inputs`` runs (its profiler
+        events' ``<namespace>::run``)."""
+        return self._state_for(self.sizes_of(inputs)).plan.graph.namespace
+
     def _state_for(self, sizes: dict[str, int]) -> _PlanState:
         state = self._buckets.get(tuple(sizes[n] for n in self.dims))
         if state is None:

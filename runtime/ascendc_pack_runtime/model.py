@@ -142,6 +142,11 @@ class Model(Closing):
     def __call__(self, *inputs):
         return self._build_outputs(self.run_flat(*inputs))
 
+    def namespace_for(self, *inputs) -> str:
+        """The namespace of the graph a call with ``inputs`` runs (its profiler events'
+        ``<namespace>::run``): the bundle's one graph."""
+        return self.contract.graph.namespace
+
     def close(self) -> None:
         """Release the graph state (planned buffers, kernel libraries). Idempotent."""
         handle, self._handle = self._handle, None

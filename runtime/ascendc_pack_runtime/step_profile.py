@@ -86,7 +86,7 @@ def profile_steps(model, inputs: tuple, calls: int = 10, warmup: int = 3,
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             model(*make_args())
-    run_name = f"{model.contract.graph.namespace}::run"
+    run_name = f"{model.namespace_for(*make_args())}::run"
     roots = [e for e in prof.events() if e.name == run_name]  # also inside a caller's record_function
     if not roots:
         raise RuntimeError(f"the profiler recorded no {run_name} event; is another profiler active?")
