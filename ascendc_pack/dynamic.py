@@ -30,6 +30,7 @@ from ascendc_pack.frontend.capture_dynamic import capture_symbolic
 from ascendc_pack.frontend.dynamic import (DynamicShapes, batch_declaration, forward_input_names, group_buckets,
                                            parse_declaration, resize_batch)
 from ascendc_pack.pipeline import BuildResult, _verify_bundle, check_against_eager, prepare_and_tune
+from ascendc_pack.tactics.precision import merged
 
 log = logging.getLogger("ascendc_pack")
 
@@ -39,7 +40,8 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
                   march: str | None = None, name: str | None = None, progress=False, backend: str | None = None,
                   protocol=None, verify: bool = True, atol: float | None = None, rtol: float | None = None,
                   output_names: list[str] | None = None, tactics: bool = True,
-                  generic_gemm: str = "onednn", flush_denormals: bool = False) -> BuildResult:
+                  generic_gemm: str = "onednn", flush_denormals: bool = False, precision: str | None = None,
+                  accuracy_budget: float | None = None) -> BuildResult:
     """Build a dynamic-shape bundle of ``model`` (see the module docstring).
 
     ``input_sets``: the example inputs then every calibration set, at one or more shapes inside
@@ -47,7 +49,10 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
     :class:`~ascendc_pack.frontend.dynamic.DynamicShapes`, or what ``torch.export.export(...,
     dynamic_shapes=...)`` takes. The other arguments are :func:`ascendc_pack.pipeline.build`'s.
     ``generic_gemm``: how the generic plan runs its GEMMs by a weight: ``onednn`` (a weight
-    reordered at load, any row count) or ``aten`` (as captured). Returns a
+    reordered at load, any row count) or ``aten`` (as captured). ``precision`` /
+    ``accuracy_budget``: as for a static build, searched per bucket on the bucket's own input
+    sets (the generic plan computes in the model's precision: its heavy steps are ATen or oneDNN
+    float32 calls); verification then compares the buckets by the budget. Returns a
     :class:`~ascendc_pack.pipeline.BuildResult` whose ``choices`` / ``tactics`` / ``fallbacks``
     merge every plan's.
     """
@@ -58,7 +63,8 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
     from ascendc_pack.tune.python_mode import inline_kernels
 
     config = BuildConfig.resolve(topn=topn, cache_dir=cache_dir, jobs=jobs, debug=debug, cores=cores, march=march,
-                                 backend=backend, flush_denormals=flush_denormals)
+                                 backend=backend, flush_denormals=flush_denormals, precision=precision,
+                                 accuracy_budget=accuracy_budget)
     input_sets = [tuple(t.contiguous() for t in inputs) for inputs in input_sets]  # every plan takes them dense
     if not isinstance(decl, DynamicShapes):
         names = forward_input_names(model, len(input_sets[0]))
@@ -80,7 +86,7 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
     example = generic_example(decl, input_sets)
     with progress.stage("capture_generic", label="capture (dynamic shapes)"):
         symbolic = capture_symbolic(model, example, decl, name=name, output_names=output_names)
-    plans, counts = [], _Counts()
+    plans, counts, reports = [], _Counts(), {}
     for key, sets in buckets.items():
         sizes = dict(zip((d.name for d in decl.dims), key))
         log.info("bucket %s: %d input set(s)", sizes, len(sets))
@@ -90,24 +96,28 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
         fallbacks = pm.fallbacks()
         plans.append(_bucket_plan(sizes, inline_kernels(prep.fused, fallbacks), prep, pm.choices()))
         counts.add(prep, pm, fallbacks)
+        if prep.precision is not None:
+            reports[plans[-1].label()] = prep.precision
     interpreter.result()
     generic = build_generic(symbolic, config, progress=progress,
                             tuned={n: c for p in plans for n, c in p.choices.items()},
                             gemm_hint=decl.sizes_of(example) if generic_gemm == "onednn" and tactics else None)
     plans.append(generic)
+    report = merged(reports) if reports else None
     with progress.stage("bundle", label="graph compile + bundle"):
         staged = out.with_name(f".{out.name}.{os.getpid()}.unverified") if verify else out
-        build_dynamic_bundle(plans, decl, staged, config)
+        build_dynamic_bundle(plans, decl, staged, config, precision=report)
     checks = []
     if verify:
+        budget = report.budget if report is not None and report.computes != "fp32" else None
         with progress.stage("verify", label="verify bundle vs eager"):
-            checks = _verify(model, input_sets, staged, out, plans[-1].model.output_names, atol, rtol)
+            checks = _verify(model, input_sets, staged, out, plans[-1].model.output_names, atol, rtol, budget)
     return BuildResult(output=out, choices=counts.choices, seconds=dict(progress.seconds),
                        kernels_compiled=counts.compiled, kernels_profiled=counts.profiled,
                        cache_hits=counts.hits, compile_failures=counts.failures,
                        candidates_disqualified=counts.disqualified, fallbacks=counts.fallbacks, verification=checks,
                        tactics=counts.tactics, tactics_profiled=counts.tactics_profiled,
-                       tactics_disqualified=counts.tactics_disqualified)
+                       tactics_disqualified=counts.tactics_disqualified, precision=report)
 
 
 class _Counts:
@@ -220,16 +230,17 @@ def _rows_hint(model, sizes: dict) -> int:
     return 1
 
 
-def _verify(module, input_sets, staged: Path, out: Path, names, atol, rtol) -> list:
+def _verify(module, input_sets, staged: Path, out: Path, names, atol, rtol, budget=None) -> list:
     """The staged bundle against eager on every input set, through the plan the runtime picks
-    (their buckets) and through the generic plan (:func:`ascendc_pack.pipeline._verify_bundle`)."""
+    (their buckets; by the precision ``budget`` when they run steps in low precision) and through
+    the generic plan (float32: by ``atol`` / ``rtol``; :func:`ascendc_pack.pipeline._verify_bundle`)."""
 
     def generic(model) -> list:
         checks = check_against_eager(module, input_sets, lambda *xs: model.run_plan("generic", *xs), names=names,
                                      atol=atol, rtol=rtol)
         return [dataclasses.replace(c, label=f"{c.label} (generic plan)") for c in checks]
 
-    return _verify_bundle(module, input_sets, staged, out, names, atol, rtol, also=generic)
+    return _verify_bundle(module, input_sets, staged, out, names, atol, rtol, also=generic, budget=budget)
 
 
 def cli_input_sets(example_inputs, input_names, lo: int, hi: int, buckets: list[int]):
@@ -268,10 +279,6 @@ def build_file(model_file, *, dynamic_batch: str | None = None, buckets: str | N
         decl, sets = cli_input_sets(loaded.example_inputs, names, lo, hi, sizes)
     else:
         decl, sets = loaded.dynamic, loaded.all_input_sets
-    if kwargs.pop("precision", None) not in (None, "fp32"):
-        raise PackError(f"{model_file} has dynamic dims: --precision with dynamic dims is not built yet; build it "
-                        "without --precision (float32), or with static shapes")
-    kwargs.pop("accuracy_budget", None)
     kwargs.setdefault("output", Path(f"{loaded.name}.ascpack"))
     kwargs.setdefault("output_names", loaded.output_names)
     return build_dynamic(loaded.module, sets, decl, name=loaded.name, **kwargs)

@@ -152,6 +152,60 @@ def test_profile_follows_the_plan_a_call_runs(encoder):
     assert rc == 0 and res["profile"].calls == 2, lines
 
 
+LOW_FRESH = """
+import json, sys, torch
+sys.path.insert(0, {examples!r})
+import ascendc_pack_runtime as rt
+from ascendc_pack_runtime.accuracy import relative_error
+import dynamic_encoder as de
+m = rt.load({bundle!r})
+eager = de.get_model().eval()
+out = []
+for b, s in {shapes!r}:
+    x, mask = de._inputs(b, s, 100 + 7 * b + s)
+    with torch.no_grad():
+        want = eager(x, mask)
+    out.append([b, s, m.plan_for(x, mask), relative_error(m(x, mask), want)])
+print(json.dumps(out))
+"""
+
+
+def test_precision_is_searched_per_bucket_and_the_generic_plan_stays_float32(tmp_path):
+    """``--precision bf16`` on a dynamic model (before: a PackError): each bucket's steps are
+    chosen on its own input sets under the budget, the manifest records the worst error and what
+    the steps need, verification and a fresh process hold the buckets to the budget and the
+    generic plan (float32) to float32's rule; a budget too tight for any step gives float32 and
+    says why, bucket by bucket."""
+    from ascendc_pack.tactics.dispatch.lowp import bf16_offered
+    from ascendc_pack_runtime.tools import inspect_bundle
+
+    budget = 0.01
+    result = build_file(ENCODER, topn=1, precision="bf16", accuracy_budget=budget, output=tmp_path / "bf.ascpack",
+                        cache_dir=tmp_path / "cache", jobs=2)
+    m = rt.read_manifest(result.output)
+    assert m.precision is not None and m.precision.requested == "bf16" and m.precision.input_sets == 3
+    assert m.precision.error <= budget and result.precision.error == m.precision.error
+    steps = [c.precision for p in m.dynamic.plans for t in p.tactics or () for c in [t.candidates[t.chosen_index]]]
+    if bf16_offered() is None:  # a host with native bfloat16: steps switch, their features are required
+        assert "bf16" in steps and m.precision.computes == "bf16" and m.precision.error > 0
+        assert set(m.precision.requires) <= set(m.target.isa) and m.precision.requires
+        assert "bf16 x" in inspect_bundle(result.output)[0]
+    assert m.dynamic.plans[-1].kind == "generic" and not m.dynamic.plans[-1].tactics
+    shapes = [(2, 16), (4, 32), (3, 17), (16, 64)]
+    script = LOW_FRESH.format(examples=str(EXAMPLES), bundle=str(result.output), shapes=shapes)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c[2] for c in calls] == ["bucket batch=2 seq=16", "bucket batch=4 seq=32", "generic", "generic"]
+    assert all(err <= budget for *_, err in calls[:2]), calls
+    assert all(err <= 1e-5 for *_, err in calls[2:]), calls  # the generic plan computes in float32
+    tight = build_file(ENCODER, topn=1, precision="bf16", accuracy_budget=1e-7, output=tmp_path / "tight.ascpack",
+                       cache_dir=tmp_path / "cache", jobs=2)
+    assert rt.read_manifest(tight.output).precision.computes == "fp32" and tight.precision.error == 0
+    text = tight.precision.describe()
+    assert "every step stays float32" in text and "bucket batch=2 seq=16: " in text
+
+
 def test_graph_so_checks_the_ranges_itself(encoder):
     """The generic graph binds the dims from its inputs and refuses sizes outside the ranges
     even when called directly (no Python checks in front of it)."""

@@ -362,31 +362,31 @@ def _manifest(model: ModelProgram, config: BuildConfig, graph_src: GraphSource,
     inputs = [contract.IOSpec(n, tuple(p.values[n].shape), p.values[n].dtype,
                               tuple(p.values[n].stride or contiguous_strides(p.values[n].shape)))
               for n in model.user_inputs]
-    common = manifest_common(model, config)
-    record = None
-    if precision is not None:   # the CPU features the low-precision steps need join target.isa
-        common["target"] = dataclasses.replace(
-            common["target"], isa=tuple(sorted(set(common["target"].isa) | set(precision.requires))))
-        record = contract.Precision(precision.requested, precision.budget, "relative_l2", precision.error,
-                                    precision.computes, tuple(precision.requires), precision.input_sets)
     return contract.Manifest(
-        format_version=FORMAT_VERSION, **common, inputs=tuple(inputs), outputs=tuple(outputs),
-        weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
+        format_version=FORMAT_VERSION, **manifest_common(model, config, precision), inputs=tuple(inputs),
+        outputs=tuple(outputs), weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)),
         graph=manifest_graph(GRAPH_LIBRARY, GRAPH_SOURCE, graph_src, config),
-        kernels=tuple(kernels), members=members, tactics=tactics, call_threads=call_threads, precision=record,
+        kernels=tuple(kernels), members=members, tactics=tactics, call_threads=call_threads,
     ).validate()
 
 
-def manifest_common(model: ModelProgram, config: BuildConfig) -> dict:
+def manifest_common(model: ModelProgram, config: BuildConfig, precision=None) -> dict:
     """The manifest fields every bundle has the same way: the producer, the model's name,
-    backend and target, torch, cores, topn, mutations and output structure."""
+    backend and target, torch, cores, topn, mutations, output structure and the ``precision``
+    record of a :class:`~ascendc_pack.tactics.precision.PrecisionReport` (None: none; the CPU
+    features its low-precision steps need join ``target.isa``)."""
     backend = get_backend(config.backend)
+    target, record = backend.manifest_target(config), None
+    if precision is not None:
+        target = dataclasses.replace(target, isa=tuple(sorted(set(target.isa) | set(precision.requires))))
+        record = contract.Precision(precision.requested, precision.budget, "relative_l2", precision.error,
+                                    precision.computes, tuple(precision.requires), precision.input_sets)
     return dict(producer=contract.Producer("ascendc-pack", package_version()), model_name=model.name,
-                backend=backend.name, target=backend.manifest_target(config),
+                backend=backend.name, target=target,
                 torch=contract.TorchBuild(torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
                 core_limit=config.cores, cores=backend.target(config).cores, topn=config.topn,
                 mutations=tuple(contract.Mutation(k, model.user_inputs.index(k), v) for k, v in model.mutations.items()),
-                out_spec=plain_treespec(model.out_tree), out_tree=model.out_tree)
+                out_spec=plain_treespec(model.out_tree), out_tree=model.out_tree, precision=record)
 
 
 def manifest_graph(library: str, source: str, graph_src: GraphSource, config: BuildConfig) -> contract.Graph:

@@ -57,11 +57,13 @@ class PlanBuild:
 
 
 def build_dynamic_bundle(plans: list[PlanBuild], decl: DynamicShapes, output: Path | str, config: BuildConfig,
-                         zstd_level: int = ZSTD_LEVEL) -> BundleReport:
+                         zstd_level: int = ZSTD_LEVEL, precision=None) -> BundleReport:
     """Render and compile every plan's graph and write the dynamic bundle to ``output``.
 
     The last plan must be the generic one: its symbolic program gives the manifest's input and
-    output shapes (dims by name). Raises BundleWriteError, RenderError, CompileError."""
+    output shapes (dims by name). ``precision``: the buckets' merged
+    :class:`~ascendc_pack.tactics.precision.PrecisionReport` (None: no record). Raises
+    BundleWriteError, RenderError, CompileError."""
     t0 = time.perf_counter()
     output = Path(output)
     generic = plans[-1]
@@ -97,7 +99,8 @@ def build_dynamic_bundle(plans: list[PlanBuild], decl: DynamicShapes, output: Pa
         files += [*union.files, (WEIGHTS_FILE, blob), (TUNING_FILE, tuning_path)]
         members = {name: contract.Member(blob.size, blob.sha256) if src is blob else
                    contract.Member(src.stat().st_size, _sha256(src)) for name, src in files}
-        manifest = _manifest(generic.model, decl, config, weight_specs, union.entries, members, plan_entries)
+        manifest = _manifest(generic.model, decl, config, weight_specs, union.entries, members, plan_entries,
+                             precision)
         tmp = output.parent / f".{output.name}.{os.getpid()}.tmp"
         try:
             _write_archive(tmp, manifest.dumps(), files, zstd_level)
@@ -168,7 +171,7 @@ def _dims_of(shape) -> tuple:
 
 
 def _manifest(model: ModelProgram, decl: DynamicShapes, config: BuildConfig, weights, kernels, members,
-              plans) -> contract.Manifest:
+              plans, precision=None) -> contract.Manifest:
     p = model.program
     mutated_values = {v: k for k, v in model.mutations.items()}
     outputs = []
@@ -187,7 +190,7 @@ def _manifest(model: ModelProgram, decl: DynamicShapes, config: BuildConfig, wei
     buckets = tuple(tuple(pl.sizes[d.name] for d in decl.dims) for pl in plans if pl.sizes is not None)
     batch = contract.BatchDims(lead, tuple(range(len(inputs))), tuple(range(len(outputs)))) if lead else None
     return contract.Manifest(
-        format_version=FORMAT_VERSION_DYNAMIC, **manifest_common(model, config), inputs=tuple(inputs),
+        format_version=FORMAT_VERSION_DYNAMIC, **manifest_common(model, config, precision), inputs=tuple(inputs),
         outputs=tuple(outputs), weights=contract.Weights(WEIGHTS_FILE, WEIGHT_ALIGNMENT, tuple(weights)), graph=None,
         kernels=tuple(kernels), members=members,
         dynamic=contract.Dynamic(tuple(contract.DynDim(d.name, d.min, d.max) for d in decl.dims), decl.inputs,

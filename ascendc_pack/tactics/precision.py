@@ -139,6 +139,23 @@ class PrecisionReport:
                 "steps": dict(self.steps)}
 
 
+def merged(labelled: dict[str, PrecisionReport]) -> PrecisionReport:
+    """One report of several searches on their own input sets (a dynamic bundle's buckets, each
+    tuned at its shape; ``labelled``: label -> report): every step, the worst error, the sums of
+    the work, and each search's note under its label."""
+    reports = list(labelled.values())
+    first = reports[0]
+    steps = {k: v for r in reports for k, v in r.steps.items()}
+    low = any(p != NATIVE for p in steps.values())
+    return PrecisionReport(
+        first.requested, first.budget, first.offered, first.not_offered, error=max(r.error for r in reports),
+        steps=steps, evaluations=sum(r.evaluations for r in reports), considered=sum(r.considered for r in reports),
+        input_sets=sum(r.input_sets for r in reports),
+        note=None if low else "; ".join(f"{k}: {r.note}" for k, r in labelled.items() if r.note) or None,
+        kernel_features=tuple(dict.fromkeys(f for r in reports for f in r.kernel_features)),
+        trimmed=tuple(dict.fromkeys(t for r in reports for t in r.trimmed)))
+
+
 class _Evaluator:
     """Runs the model with a set of steps switched to a low-precision candidate and measures
     :data:`METRIC` against the model in its own precision."""
@@ -345,4 +362,4 @@ def choose(tuner, decisions: dict[int, int], input_sets: list, requested: str, b
 
 
 __all__ = ["METRIC", "MAX_EVALUATIONS", "MAX_TRIMS", "PrecisionReport", "TRIM_SHARE", "TRIM_WEIGHT", "candidates",
-           "choose"]
+           "choose", "merged"]

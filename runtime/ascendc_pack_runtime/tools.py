@@ -81,7 +81,7 @@ def inspect_text(m: Manifest, path: Path | str | None = None) -> str:
             lines.append(f"    {mark} #{c.index} {timing:>12}  block_dim {c.block_dim}  {c.tiling_repr}")
     if m.dynamic is None:
         lines += _tactic_lines(m.tactics, m.graph)
-        lines += _precision_lines(m)
+    lines += _precision_lines(m)
     lines.append(f"members  {len(m.members)} files, {_fmt_bytes(m.declared_bytes)} uncompressed")
     for name, info in m.members.items():
         lines.append(f"  {name}  {_fmt_bytes(info.size)}  sha256 {info.sha256[:16]}...")
@@ -124,13 +124,15 @@ def _dynamic_lines(m: Manifest) -> list[str]:
 
 
 def _precision_lines(m) -> list[str]:
-    """The manifest's precision record: requested, computed, each step's precision, the error
-    against its budget and the CPU features it needs (empty without ``--precision``)."""
+    """The manifest's precision record: requested, computed, each step's precision (every plan's,
+    in a dynamic bundle), the error against its budget and the CPU features it needs (empty
+    without ``--precision``)."""
     if m.precision is None:
         return []
     p = m.precision
     steps = {}
-    for t in m.tactics or ():
+    plans = m.dynamic.plans if m.dynamic is not None else ()
+    for t in [*(m.tactics or ()), *(t for plan in plans for t in plan.tactics or ())]:
         for u in t.uses or ({"chosen_index": t.chosen_index},):
             prec = t.candidates[u["chosen_index"]].precision
             steps[prec] = steps.get(prec, 0) + 1
