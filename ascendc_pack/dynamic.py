@@ -109,7 +109,7 @@ def build_dynamic(model: torch.nn.Module, input_sets: list, decl: DynamicShapes,
         build_dynamic_bundle(plans, decl, staged, config, precision=report)
     checks = []
     if verify:
-        budget = report.budget if report is not None and report.computes != "fp32" else None
+        budget = report.verify_budget if report is not None else None
         with progress.stage("verify", label="verify bundle vs eager"):
             checks = _verify(model, input_sets, staged, out, plans[-1].model.output_names, atol, rtol, budget)
     return BuildResult(output=out, choices=counts.choices, seconds=dict(progress.seconds),

@@ -371,7 +371,7 @@ def build(model: torch.nn.Module, example_inputs, *, topn: int = 1, output=None,
     checks, denormals = [], None
     if verify:
         with progress.stage("verify", label="verify bundle vs eager"):
-            budget = prep.precision.budget if prep.precision is not None and prep.precision.computes != "fp32" else None
+            budget = prep.precision.verify_budget if prep.precision is not None else None
             counter = _denormal_counter(config)
             checks = _verify_bundle(model, input_sets, staged, out, captured.model.output_names, atol, rtol,
                                     random_ops(captured.model.program), budget=budget, watch=counter)

@@ -99,6 +99,12 @@ class PrecisionReport:
         return "+".join(lows) if lows else NATIVE
 
     @property
+    def verify_budget(self) -> float | None:
+        """The budget verification compares the bundle by: None while every step computes in the
+        model's own precision (then the float32 accuracy rule applies)."""
+        return self.budget if self.computes != NATIVE else None
+
+    @property
     def requires(self) -> tuple[str, ...]:
         """CPU features the chosen low-precision steps need on the host (``avx512_bf16``,
         ``avx512_vnni``...; ``amx_bf16`` for a generated AMX GEMM)."""
