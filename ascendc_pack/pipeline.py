@@ -515,14 +515,22 @@ def _check_static_sets(input_sets: list[tuple]) -> None:
     dtypes only (its program was captured at them), so another set could not calibrate it."""
     example = input_sets[0]
     for n, ins in enumerate(input_sets[1:], 1):
-        problem = f"has {len(ins)} inputs, the example inputs {len(example)}" if len(ins) != len(example) else next(
-            (f"input {i} is {_describe(a)}, the example's {_describe(e)}" for i, (a, e) in enumerate(zip(ins, example))
-             if isinstance(a, torch.Tensor) != isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor)
-             and (a.shape != e.shape or a.dtype != e.dtype)), None)
+        problem = _set_mismatch(ins, example)
         if problem:
             raise ConfigError(f"calibration input set {n} {problem}: a static bundle runs the example's shapes only; "
                               "give calibration inputs of those shapes, or build with dynamic dims (a model file's "
                               "get_dynamic_shapes(), or --dynamic-batch MIN:MAX)")
+
+
+def _set_mismatch(ins: tuple, example: tuple) -> str | None:
+    """How an input set differs from the example's (count, tensor or not, shape, dtype), or None."""
+    if len(ins) != len(example):
+        return f"has {len(ins)} inputs, the example inputs {len(example)}"
+    for i, (a, e) in enumerate(zip(ins, example)):
+        tensors = isinstance(a, torch.Tensor), isinstance(e, torch.Tensor)
+        if tensors[0] != tensors[1] or (all(tensors) and (a.shape != e.shape or a.dtype != e.dtype)):
+            return f"input {i} is {_describe(a)}, the example's {_describe(e)}"
+    return None
 
 
 def _describe(x) -> str:
