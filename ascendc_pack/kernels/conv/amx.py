@@ -217,8 +217,9 @@ def xp_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
 
 
 def _direct_thread_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
-    """A thread's rounded rows of x and one block of C tiles (float32)."""
-    return xp_bytes(spec, t) + 256 * (t.mr // 16) * (t.nr // 16) * 4
+    """A thread's rounded rows of x and two blocks of C tiles (float32: one computed while the
+    other's epilogue runs)."""
+    return xp_bytes(spec, t) + 2 * 256 * (t.mr // 16) * (t.nr // 16) * 4
 
 
 def direct_workspace(spec: ConvSpec, t: AmxDirectTiling) -> int:

@@ -77,10 +77,11 @@ def _kp(spec: GemmSpec) -> int:
 
 
 def thread_bytes(spec, t: AmxTiling) -> int:
-    """A thread's workspace: its A block in bfloat16 (rows padded to the tile block) and one
-    block of C tiles in float32, 64-byte aligned (``spec``: anything with a ``k``)."""
+    """A thread's workspace: its A block in bfloat16 (rows padded to the tile block) and two
+    blocks of C tiles in float32 (one computed while the other's epilogue runs), 64-byte
+    aligned (``spec``: anything with a ``k``)."""
     mcp = _ceil(t.mc, t.mr) * t.mr
-    return _ceil(mcp * _kp(spec) * 2 + 256 * (t.mr // 16) * (t.nr // 16) * 4, 64) * 64
+    return _ceil(mcp * _kp(spec) * 2 + 2 * 256 * (t.mr // 16) * (t.nr // 16) * 4, 64) * 64
 
 
 def workspace_bytes(spec, t: AmxTiling) -> int:
