@@ -536,12 +536,27 @@ def _reference64(step: TacticStep, env: dict) -> torch.Tensor | None:
         return None
 
 
+WARM_UP_S = 0.003
+"""Untimed launches of a candidate before each of its samples (at least one)."""
+
+
 def _measure(runners: list, errors: list):
+    """The timing callback of :func:`autotune.select`. Every sample follows ``WARM_UP_S`` of
+    untimed launches of the same candidate: the rounds rotate through the candidates (a step's
+    slowest, often ATen's, sets one launch a sample), and a candidate's first launches after the
+    others ran are not what the graph runs. A generated AMX GEMM (transformer_4x512's q/k/v
+    projection, 0.65 ms in the graph) took 1.9, 1.8 and then 1.0 ms in three launches right after
+    float32 GEMMs (`/tmp` loop, OMP_WAIT_POLICY=PASSIVE; oneDNN's bfloat16 GEMM did not slow
+    down), and PGO gave that step to oneDNN."""
     def measure(i: int, number: int) -> float:
         if runners[i] is None:
             raise CandidateFailed((errors[i] or "failed").splitlines()[0])
         run = runners[i]
         with torch.no_grad():
+            warm = time.perf_counter()
+            run()
+            while time.perf_counter() - warm < WARM_UP_S:
+                run()
             t0 = time.perf_counter()
             for _ in range(number):
                 run()
