@@ -51,7 +51,8 @@ from ascendc_pack.kernels.conv.direct import ConvSpec, ConvSpecError
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.kernels.family import FamilyBuild, Generator, KernelCandidate, Tiling
 from ascendc_pack.kernels.fused.codegen import template_env
-from ascendc_pack.kernels.gemm.amx import TEMPLATE_NAME, AmxTiling, rank, space, thread_bytes, workspace_bytes
+from ascendc_pack.kernels.gemm.amx import (TEMPLATE_NAME, AmxTiling, c_buffer_bytes, rank, space, thread_bytes,
+                                          workspace_bytes)
 from ascendc_pack.kernels.gemm.generator import _epilogue_lines
 from ascendc_pack.kernels.target import CpuTarget
 
@@ -217,9 +218,8 @@ def xp_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
 
 
 def _direct_thread_bytes(spec: ConvSpec, t: AmxDirectTiling) -> int:
-    """A thread's rounded rows of x and two blocks of C tiles (float32: one computed while the
-    other's epilogue runs)."""
-    return xp_bytes(spec, t) + 2 * 256 * (t.mr // 16) * (t.nr // 16) * 4
+    """A thread's rounded rows of x and its C buffers (:func:`c_buffer_bytes`)."""
+    return xp_bytes(spec, t) + c_buffer_bytes(t)
 
 
 def direct_workspace(spec: ConvSpec, t: AmxDirectTiling) -> int:

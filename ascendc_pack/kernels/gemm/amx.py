@@ -76,12 +76,17 @@ def _kp(spec: GemmSpec) -> int:
     return _ceil(spec.k, 32) * 32
 
 
+def c_buffer_bytes(t) -> int:
+    """The two blocks of C tiles (float32) a thread keeps: one computed while the other's
+    epilogue runs (``t``: anything with ``mr`` and ``nr``)."""
+    return 2 * 256 * (t.mr // 16) * (t.nr // 16) * 4
+
+
 def thread_bytes(spec, t: AmxTiling) -> int:
-    """A thread's workspace: its A block in bfloat16 (rows padded to the tile block) and two
-    blocks of C tiles in float32 (one computed while the other's epilogue runs), 64-byte
-    aligned (``spec``: anything with a ``k``)."""
+    """A thread's workspace: its A block in bfloat16 (rows padded to the tile block) and its C
+    buffers (:func:`c_buffer_bytes`), 64-byte aligned (``spec``: anything with a ``k``)."""
     mcp = _ceil(t.mc, t.mr) * t.mr
-    return _ceil(mcp * _kp(spec) * 2 + 2 * 256 * (t.mr // 16) * (t.nr // 16) * 4, 64) * 64
+    return _ceil(mcp * _kp(spec) * 2 + c_buffer_bytes(t), 64) * 64
 
 
 def workspace_bytes(spec, t: AmxTiling) -> int:
@@ -187,5 +192,5 @@ def plan(spec: GemmSpec, config: BuildConfig, target: CpuTarget | None = None) -
     return family.plan(GENERATOR, spec, config, target)
 
 
-__all__ = ["AmxTiling", "FEATURE", "FEATURES", "amx_applies", "amx_offered", "estimate_us", "plan", "propose",
-           "rank", "render", "space", "thread_bytes", "workspace_bytes"]
+__all__ = ["AmxTiling", "FEATURE", "FEATURES", "amx_applies", "amx_offered", "c_buffer_bytes", "estimate_us", "plan",
+           "propose", "rank", "render", "space", "thread_bytes", "workspace_bytes"]
