@@ -53,10 +53,30 @@ _ALIGN = 64
 _POISON = 0xFF  # outputs start as NaN / -1, so a kernel that writes nothing cannot pass
 
 
+ROUNDING_SHARE = 1e-3
+"""A rounded output (:func:`rounded_outputs`) may differ from the reference by one on at most this
+share of its elements (at least one element)."""
+
+
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """``(atol, rtol)`` a kernel output of ``dtype`` must meet against the reference (the parity
-    suite's tolerances; integer and bool outputs must be exact)."""
+    suite's tolerances; integer and bool outputs must be exact, rounded ones nearly: :func:`compare_output`)."""
     return {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}.get(dtype, (2e-5, 2e-5))
+
+
+def rounded_outputs(step: FusedStep) -> set[str]:
+    """The outputs of ``step`` that round a computed float to an integer type: an int8 candidate's
+    quantized activation, ``_to_copy(round(...))``. The float before the rounding carries the float
+    tolerance, so where it sits within that of a .5 boundary the kernel and the reference round to
+    neighbouring integers (seen here: 5 of 524288 elements after a LayerNorm + GELU)."""
+    if not any(s.op == "aten.round.default" for s in step.steps):
+        return set()
+    return {out for s in step.steps if s.op == "aten._to_copy.default" and _is_integer(s.kwargs.get("dtype"))
+            for out in s.outputs if out}
+
+
+def _is_integer(dtype) -> bool:
+    return isinstance(dtype, torch.dtype) and not dtype.is_floating_point and not dtype.is_complex
 
 
 @dataclass(frozen=True)
@@ -84,9 +104,13 @@ class Disqualification:
         return Disqualification(d["reason"], d["detail"], d.get("output"), d.get("max_error"), d.get("allowed"))
 
 
-def compare_output(name: str, actual: torch.Tensor, expected: torch.Tensor) -> Disqualification | None:
+def compare_output(name: str, actual: torch.Tensor, expected: torch.Tensor,
+                   rounded: bool = False) -> Disqualification | None:
     """None when ``actual`` matches ``expected`` within :func:`tolerance`, else what differs:
-    the largest error (at the element that exceeds its allowance most) and that allowance."""
+    the largest error (at the element that exceeds its allowance most) and that allowance.
+    ``rounded`` (an integer output of :func:`rounded_outputs`): off by one is allowed on at most
+    :data:`ROUNDING_SHARE` of the elements; a kernel that truncates instead of rounding, or is off
+    by two anywhere, still fails."""
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
         return Disqualification("wrong result", f"output {name} is {actual.dtype}{list(actual.shape)}, the "
                                 f"reference {expected.dtype}{list(expected.shape)}", name)
@@ -108,6 +132,12 @@ def compare_output(name: str, actual: torch.Tensor, expected: torch.Tensor) -> D
         err = (a - e).abs().double()
         allowed = torch.zeros_like(err)
         how = "exact"
+        off_by_one = int((err == 1).sum())
+        if rounded and off_by_one <= max(1, int(ROUNDING_SHARE * err.numel())):
+            allowed.fill_(1.0)
+            how = f"rounded: off by one on at most {ROUNDING_SHARE:g} of the elements"
+        elif rounded:
+            how = f"rounded: off by one on {off_by_one} elements, more than {ROUNDING_SHARE:g} of them"
     bad = err > allowed
     count = int(bad.sum())
     if not count:
@@ -388,8 +418,9 @@ def _verify_one(step: FusedStep, runner, arena: _Arena, reference: list[torch.Te
     bad = launch_checked(sandbox, runner.lib.path, arena, runner.lib.workspace, timeout)
     if bad is not None:
         return bad
+    rounded = rounded_outputs(step)
     for name, out, ref in zip(step.outputs, arena.outputs, reference):
-        bad = compare_output(name, out, ref)
+        bad = compare_output(name, out, ref, rounded=name in rounded)
         if bad is not None:
             return bad
     return None
