@@ -485,6 +485,9 @@ VECTORIZED = {
     "row-100k-f32": (lambda x: x - x.amax(-1, keepdim=True), [randn(2, 100003)]),
     "pointwise-mixed": (lambda x, m, a: (torch.where(m, x.exp(), 0.0), (a * 3 + 1) > 2, m & (x > 0), a.pow(2)),
                         [randn(32, 256), mask(32, 256), randint(32, 256, dtype=I32)]),
+    # an int8 GEMM's quantized input: LayerNorm + GELU rounded to uint8
+    "quantize-u8": (lambda x: torch.clamp(torch.round(F.gelu(F.layer_norm(x, (512,))) * 40) + 8, 0, 255).to(torch.uint8),
+                    [randn(64, 512)]),
 }
 
 
@@ -496,6 +499,7 @@ def test_inner_loops_vectorize(name, tmp_path):
     from ascendc_pack.frontend.capture import capture
     from ascendc_pack.kernels.fused.codegen import render_kernel
     from ascendc_pack.toolchain.compiler import compile_flags
+    from ascendc_pack.toolchain.cxx import isa_features
     from ascendc_pack.passes.fuse import fuse
     from ascendc_pack.kernels.fused.tiling import Target, propose
     from tests.kernel_check import Fn
@@ -509,8 +513,6 @@ def test_inner_loops_vectorize(name, tmp_path):
             if shape in seen:
                 continue  # rpt / omp schedule / tile do not change the loop bodies
             seen.add(shape)
-            if t.params.get("lanes") == 8 and name == "pointwise-mixed":
-                continue  # 8 lanes of 1-byte bool stores: no vector mode; 16 lanes must vectorize
             if name in ("outer-sum-f32", "cl-mean-f32") and t.params["sched"] != "col":
                 continue  # row/split walk the reduced (strided) axis: gathers; `col` is the vector one
             src = render_kernel(step.kernel, t.params, "k", t.candidate.tiling_repr, t.candidate.workspace,
@@ -520,12 +522,21 @@ def test_inner_loops_vectorize(name, tmp_path):
             flags = [f for f in compile_flags("native") if f != "-shared"]
             out = subprocess.run(["g++", *flags, "-c", str(cpp), "-o", str(cpp.with_suffix(".o")),
                                   "-fopt-info-vec-optimized"], capture_output=True, text=True, check=True).stderr
-            done = {int(m) for m in re.findall(re.escape(cpp.name) + r":(\d+):\d+: optimized: loop vectorized", out)}
+            found = re.findall(re.escape(cpp.name) + r":(\d+):\d+: optimized: loop vectorized using (\d+) byte", out)
+            # full-width vectors where 16 lanes fill one: also where a 1- or 2-byte tensor is stored (store_lanes)
+            # (a LANES loop after a STORE_LANES one is the tail of a narrow store: half or quarter width)
+            full = 64 if t.params.get("lanes") == 16 and "avx512f" in isa_features("native") else 0
             lines = src.splitlines()
             for i, line in enumerate(lines, start=1):
                 if "omp simd" in line:  # g++ reports the loop at its header or first statement
-                    assert any(i < d <= i + 3 for d in done), f"{t.candidate.tiling_repr}: loop at line {i + 1} not vectorized:\n" \
+                    widths = [int(b) for d, b in found if i < int(d) <= i + 3]
+                    tail = "l < LANES;" in lines[i] and "STORE_LANES" in src
+                    if tail and t.params.get("lanes") == 8 and not widths:
+                        continue  # 8 lanes of 1-byte stores: no vector mode (the STORE_LANES loop did the bulk)
+                    assert widths, f"{t.candidate.tiling_repr}: loop at line {i + 1} not vectorized:\n" \
                         + "\n".join(lines[i - 1:i + 8])
+                    assert tail or max(widths) >= full, f"{t.candidate.tiling_repr}: loop at line {i + 1} vectorized with " \
+                        f"{max(widths)}-byte vectors:\n" + "\n".join(lines[i - 1:i + 8])
                     checked += 1
     assert checked
 

@@ -21,6 +21,9 @@ STORAGE_TYPE = {
     "int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t",
     "uint8": "uint8_t", "bool": "uint8_t",
 }
+# bytes of each storage C type
+STORAGE_BYTES = {"uint16_t": 2, "uint8_t": 1, "int8_t": 1, "int16_t": 2, "int32_t": 4, "float": 4, "double": 8,
+                 "int64_t": 8}
 # compute C type per dtype
 COMPUTE_TYPE = {
     "float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",

@@ -32,7 +32,7 @@ from ascendc_pack.ir.fusion import KernelSpec
 from ascendc_pack.ir.ops import STORAGE_TYPE
 from ascendc_pack.ir.symbolic import c_expr, evaluate, is_symbolic, symbols_of
 from ascendc_pack.kernels.family import generator_version
-from ascendc_pack.kernels.fused.codegen import Emitter, Layout, plan_passes, template_env
+from ascendc_pack.kernels.fused.codegen import Emitter, Layout, plan_passes, store_lanes, template_env
 from ascendc_pack.kernels.fused.tiling import Target, _flops_per_element, _passes, kernel_bytes
 from ascendc_pack.toolchain.compiler import CandidateSource, CompiledKernel, KernelBuild
 
@@ -126,6 +126,7 @@ def render_jit(spec: KernelSpec, cores: int, target: Target, isa: str) -> str:
         "outputs": [{"type": STORAGE_TYPE[o.dtype]} for o in spec.outputs],
         "outer_sizes": outer, "inner_sizes": inner, "rows": "ROWS", "sections": sections,
         "row_decls": em.row_decls, "tiling": tilings[0], "n_accs": n_accs, "has_reduction": n_accs > 0,
+        "store_lanes": store_lanes(spec, LANES),
         "jit": {"n_dims": len(dims), "dim_names": ",".join(dims), "tilings": tilings,
                 "dim_lines": dim_lines, "rows": "ROWS", "inner": inner_text, "bytes": bytes_text,
                 "flops": repr(float(_flops_per_element(spec))), "passes": max(1, _passes(spec)),

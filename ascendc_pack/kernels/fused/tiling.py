@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ascendc_pack.ir.candidate import Candidate
 from ascendc_pack.kernels.fused.codegen import Layout
 from ascendc_pack.ir.fusion import KernelSpec, NodeKind
-from ascendc_pack.ir.ops import STORAGE_TYPE
+from ascendc_pack.ir.ops import STORAGE_BYTES, STORAGE_TYPE
 
 MAX_CANDIDATES = 10
 PAYOFF_MARGIN = 1.25
@@ -73,14 +73,12 @@ class Tiling:
 
 def kernel_bytes(spec: KernelSpec) -> int:
     """Unique bytes a kernel reads (each load's distinct elements) and writes."""
-    size = {"uint16_t": 2, "uint8_t": 1, "int8_t": 1, "int16_t": 2, "int32_t": 4, "float": 4,
-            "double": 8, "int64_t": 8}
     total = 0
     for n in spec.loads:
         elems = math.prod(s for s, st in zip(spec.axes, n.strides) if st != 0)
-        total += elems * size[STORAGE_TYPE[n.dtype]]
+        total += elems * STORAGE_BYTES[STORAGE_TYPE[n.dtype]]
     for o in spec.outputs:
-        total += math.prod(o.shape) * size[STORAGE_TYPE[o.dtype]]
+        total += math.prod(o.shape) * STORAGE_BYTES[STORAGE_TYPE[o.dtype]]
     return total
 
 
